@@ -1,0 +1,135 @@
+"""Ollama's wire format: NDJSON framing, timestamps, durations, error bodies, request fields."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+NDJSON = "application/x-ndjson"
+
+
+class ApiError(Exception):
+    """An error with the HTTP status and message Ollama would answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def dumps(obj: Any) -> str:
+    # ensure_ascii: httpx (ollama-python) splits lines on U+2028 and friends, so escape them all.
+    return json.dumps(obj, ensure_ascii=True, separators=(",", ":"))
+
+
+def line(obj: Any) -> bytes:
+    return (dumps(obj) + "\n").encode("ascii")
+
+
+def error_response(status: int, message: str) -> web.Response:
+    return web.Response(status=status, text=dumps({"error": message}), content_type="application/json")
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, text=dumps(obj), content_type="application/json")
+
+
+def now_utc() -> str:
+    """Go's time.Now().UTC() in RFC 3339 with fractional seconds."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def local_time(ts: float) -> str:
+    """RFC 3339 in local time with offset, like Ollama's modified_at / expires_at."""
+    return datetime.fromtimestamp(ts).astimezone().isoformat(timespec="microseconds")
+
+
+def ns(seconds: float) -> int:
+    return max(0, int(seconds * 1e9))
+
+
+_GO_TYPES = {str: "string", bool: "bool", int: "int", float: "float64", list: "[]", dict: "map"}
+
+
+def _json_kind(v: Any) -> str:
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int | float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, dict):
+        return "object"
+    return "null"
+
+
+async def read_body(request: web.Request) -> dict[str, Any]:
+    """The JSON object of a request, with Ollama's answers for empty and malformed bodies."""
+    raw = await request.read()
+    if not raw.strip():
+        raise ApiError(400, "missing request body")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "invalid character in request body: not valid UTF-8") from None
+    try:
+        body = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ApiError(400, "request body is nested too deeply") from None
+    except json.JSONDecodeError as e:
+        raise ApiError(400, f"invalid JSON: {e.msg} at offset {e.pos}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"json: cannot unmarshal {_json_kind(body)} into Go value of type api.Request")
+    return body
+
+
+def _no_constant(name: str) -> Any:
+    raise json.JSONDecodeError(f"invalid character {name[0]!r} looking for beginning of value", name, 0)
+
+
+def get(body: dict[str, Any], key: str, kind: type | tuple[type, ...], struct: str, default: Any = None) -> Any:
+    """A typed field, or Go's decoder error for the wrong type."""
+    v = body.get(key)
+    if v is None:
+        return default
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    ok = any(isinstance(v, k) and not (k in (int, float) and isinstance(v, bool)) for k in kinds)
+    if ok and isinstance(v, float) and not math.isfinite(v):
+        ok = False
+    if not ok:
+        go = _GO_TYPES.get(kinds[0], kinds[0].__name__)
+        raise ApiError(400, f"json: cannot unmarshal {_json_kind(v)} into Go struct field {struct}.{key} of type {go}")
+    return v
+
+
+_DURATION = re.compile(r"([-+]?)((?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|ms|s|m|h))+$")
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(v: Any) -> float:
+    """keep_alive: seconds as a number, or a Go duration string ("5m", "1h30m", "-1m", "0")."""
+    if isinstance(v, bool):
+        raise ApiError(400, "json: cannot unmarshal bool into Go struct field .keep_alive of type string")
+    if isinstance(v, int | float):
+        if not math.isfinite(v):
+            raise ApiError(400, "invalid keep_alive")
+        return float(v)
+    if isinstance(v, str):
+        s = v.strip()
+        if s in ("0", "-0", "+0"):
+            return 0.0
+        m = _DURATION.fullmatch(s)
+        if not m:
+            raise ApiError(400, f'time: missing unit in duration "{s}"' if s.lstrip("-").isdigit()
+                           else f'time: invalid duration "{s}"')
+        total = sum(float(n) * _UNIT[u] for n, u in _PART.findall(s))
+        return -total if s.startswith("-") else total
+    raise ApiError(400, "invalid keep_alive")

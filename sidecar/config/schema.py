@@ -1,0 +1,154 @@
+"""pairs.yaml, as typed data.
+
+A pair is a model name that clients send (always with a tag, like Ollama names) declared like an
+Ollama Modelfile: `from` (the target), `draft`, `parameters`, `template`, `system`, `messages`, plus
+speculation and runtime settings. Unknown keys are errors, so a typo never silently does nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+
+from sidecar.engine.adaptive import SpeculativeConfig
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-/]*:[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Parameters(Strict):
+    """Ollama PARAMETER names and types (api/types.go Options); they become the pair's defaults."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    num_predict: int | None = None
+    num_ctx: int | None = Field(None, ge=1)
+    stop: list[str] | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop(cls, v: Any) -> Any:
+        # A Modelfile repeats `PARAMETER stop x`; in YAML a single string is the natural spelling.
+        return [v] if isinstance(v, str) else v
+
+
+class Speculative(Strict):
+    """Speculation settings (engine.adaptive.SpeculativeConfig documents each)."""
+
+    n_max: int = Field(SpeculativeConfig.n_max, ge=1, le=64)
+    n_min: int = Field(SpeculativeConfig.n_min, ge=1, le=64)
+    p_min: float = Field(SpeculativeConfig.p_min, ge=0.0, le=1.0)
+    min_predict: int = Field(SpeculativeConfig.min_predict, ge=0)
+    fallback_rounds: int = Field(SpeculativeConfig.fallback_rounds, ge=1)
+    fallback_margin: float = Field(SpeculativeConfig.fallback_margin, gt=0.0, le=2.0)
+    probe_interval: int = Field(SpeculativeConfig.probe_interval, ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> Speculative:
+        if self.n_min > self.n_max:
+            raise ValueError("n_min must not exceed n_max")
+        return self
+
+    def engine(self) -> SpeculativeConfig:
+        return SpeculativeConfig(**self.model_dump())
+
+
+class Runtime(Strict):
+    """Load-time settings of one model (Ollama's num_gpu, num_thread, num_batch, ...)."""
+
+    num_gpu: int = -1  # layers to offload; -1 = all, where llama.cpp was built with a GPU backend
+    num_thread: int = Field(0, ge=0)  # 0 = every CPU the process may use
+    num_batch: int = Field(512, ge=16, le=8192)
+    flash_attn: bool = False
+    kv_cache_type: Literal["f16", "q8_0", "q4_0"] = "f16"
+
+
+class NgramDraft(Strict):
+    type: Literal["ngram"]
+    min_n: int = Field(2, ge=1, le=16)
+    max_n: int = Field(4, ge=1, le=16)
+
+    @model_validator(mode="after")
+    def _order(self) -> NgramDraft:
+        if self.min_n > self.max_n:
+            raise ValueError("min_n must not exceed max_n")
+        return self
+
+
+class ModelDraft(Runtime):
+    from_: str = Field(alias="from", min_length=1)
+
+
+def _draft_kind(v: Any) -> str:
+    if isinstance(v, dict):
+        return "ngram" if v.get("type") == "ngram" else "model"
+    return "ngram" if isinstance(v, NgramDraft) else "model"
+
+
+Draft = Annotated[
+    Annotated[NgramDraft, Tag("ngram")] | Annotated[ModelDraft, Tag("model")], Discriminator(_draft_kind)
+]
+
+
+class Message(Strict):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class Pair(Strict):
+    from_: str = Field(alias="from", min_length=1)
+    draft: Draft | None = None
+    parameters: Parameters = Field(default_factory=Parameters)
+    template: str | None = None
+    system: str | None = None
+    messages: list[Message] = Field(default_factory=list)
+    speculative: Speculative = Field(default_factory=Speculative)
+    runtime: Runtime = Field(default_factory=Runtime)
+    adapter: Any = None
+
+    @field_validator("draft", mode="before")
+    @classmethod
+    def _draft_shorthand(cls, v: Any) -> Any:
+        if v is None or v == "none":
+            return None
+        if v == "ngram":
+            return {"type": "ngram"}
+        if isinstance(v, str):
+            return {"from": v}
+        return v
+
+    @field_validator("adapter")
+    @classmethod
+    def _no_adapter(cls, v: Any) -> Any:
+        if v is not None:
+            raise ValueError("ADAPTER (LoRA) is not supported; merge the adapter into the GGUF first")
+        return v
+
+
+def _pair_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise ValueError(f"pair name {name!r} needs Ollama's form with an explicit tag, e.g. 'llama3.1:70b-spec'")
+    return name
+
+
+PairName = Annotated[str, AfterValidator(_pair_name)]
+
+
+class Config(Strict):
+    pairs: dict[PairName, Pair] = Field(default_factory=dict)
+    upstream: str | None = None
+    listen: str | None = None
+    models: dict[str, str] = Field(default_factory=dict)  # store locations: ollama, lmstudio
+

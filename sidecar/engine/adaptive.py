@@ -1,0 +1,201 @@
+"""Choosing the draft length from a measured cost model, and falling back when drafting does not pay.
+
+On a GPU, scoring k+1 tokens in one pass costs about as much as scoring one; on a CPU it does not
+(SmolLM2 Q4_1 on 2 cores: a batch of 4 costs ~2.4x one token, a batch of 8 ~4.1x). So the draft
+length is not a constant: each round picks the k that maximises
+
+    expected tokens per round / expected seconds per round
+    = (1 - a^(k+1)) / (1 - a)  /  (draft_cost(k) + t_step(k+1))
+
+where a is the per-position acceptance observed so far and t_step(n) is the measured time to decode
+n rows on the target. If no k beats plain decoding (k = 0, rate 1/t_step(1)) the round runs
+target-only; the realised throughput of speculative rounds is also watched, and speculation is
+switched off when it falls behind the plain rate, then probed again after a back-off.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from sidecar.engine.llama import Context
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Per-pair speculation settings; defaults were measured with bench/bench_spec.py on 2 CPU cores."""
+
+    n_max: int = 8  # longest draft per round
+    n_min: int = 1  # shorter drafts are not worth a round
+    p_min: float = 0.5  # model drafter stops when its top probability is below this
+    min_predict: int = 16  # num_predict below this runs target-only from the start
+    fallback_rounds: int = 8  # speculative rounds observed before judging them
+    fallback_margin: float = 0.97  # switch off when realised rate < margin x plain rate
+    probe_interval: int = 32  # tokens of target-only decoding before probing again (doubles)
+    acceptance_prior: float = 0.7  # per-position acceptance assumed before any evidence
+    prior_weight: float = 2.0
+
+
+class CostModel:
+    """Seconds per target decode of n rows, and per drafted token; shared by a pair's requests.
+
+    Seeded by timing real decodes at load (`calibrate`), then tracked with moving averages of what
+    each round actually cost, so it follows the hardware it runs on (CPU, GPU, thermal state)."""
+
+    def __init__(self, n_rows: int) -> None:
+        self.t_step = [0.0] * (n_rows + 1)  # index = rows in the batch
+        self.t_draft = 0.0  # seconds per drafted token
+        self._smooth = 0.2
+
+    def calibrate(self, ctx: Context, reps: int = 3) -> None:
+        """Time decodes of 1..n rows on a scratch sequence, then give the cache back empty.
+
+        Repetitions are interleaved across sizes and the minimum kept, so a burst of load on the
+        machine inflates one sample rather than one size."""
+        n_rows = len(self.t_step) - 1
+        ctx.clear()
+        ctx.prefill([0] * 32)
+        base = len(ctx)
+        for n in (n_rows, 1):  # warm-up: graph builds and output buffers for both extremes
+            ctx.decode([0] * n)
+            ctx.truncate(base)
+        best = [float("inf")] * (n_rows + 1)
+        for _ in range(reps):
+            for n in range(1, n_rows + 1):
+                ctx.truncate(base)
+                t0 = time.perf_counter()
+                ctx.decode([0] * n)
+                best[n] = min(best[n], time.perf_counter() - t0)
+        # Verifying more rows never costs less; flatten noise that says otherwise.
+        for n in range(2, n_rows + 1):
+            best[n] = max(best[n], best[n - 1])
+        self.t_step = [0.0, *best[1:]]
+        ctx.clear()
+
+    def observe_step(self, n: int, seconds: float) -> None:
+        if n < len(self.t_step):
+            old = self.t_step[n]
+            self.t_step[n] = seconds if old == 0.0 else old + self._smooth * (seconds - old)
+
+    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens > 0:
+            per = seconds / n_tokens
+            old = self.t_draft
+            self.t_draft = per if old == 0.0 else old + self._smooth * (per - old)
+
+    def verify_curve(self) -> list[float]:
+        """t_step(n) / t_step(1) for n = 1.., the relative cost of verifying n rows."""
+        one = self.t_step[1] or 1.0
+        return [t / one for t in self.t_step[1:]]
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Tokens emitted by a round with k drafts at per-position acceptance a (Leviathan et al.)."""
+    if a >= 1.0:
+        return k + 1.0
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+@dataclass
+class Plan:
+    """Per-request speculation state: acceptance evidence, fallback, and the counters it reports."""
+
+    config: SpeculativeConfig
+    cost: CostModel
+    draft_has_cost: bool
+    enabled: bool = True
+    fallback: str | None = None
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    rounds: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    _succ: float = 0.0
+    _fail: float = 0.0
+    _spec_tokens: float = 0.0
+    _spec_seconds: float = 0.0
+    _spec_rounds: int = 0
+    _off_until: int = 0
+    _backoff: int = 0
+    _idle: int = 0
+
+    @classmethod
+    def start(cls, config: SpeculativeConfig, cost: CostModel, draft_has_cost: bool, num_predict: int) -> Plan:
+        plan = cls(config, cost, draft_has_cost)
+        plan._backoff = config.probe_interval
+        if 0 <= num_predict < config.min_predict:
+            plan.enabled = False
+            plan.fallback = f"short output: num_predict {num_predict} < {config.min_predict}"
+        return plan
+
+    @property
+    def acceptance(self) -> float:
+        c = self.config
+        return (self._succ + c.acceptance_prior * c.prior_weight) / (
+            self._succ + self._fail + c.prior_weight
+        )
+
+    def draft_length(self, produced: int, remaining: float, room: int) -> int:
+        """How many tokens to draft this round; 0 means a plain target step."""
+        c = self.config
+        if not self.enabled or produced < self._off_until:
+            return 0
+        k_cap = int(min(c.n_max, remaining - 1, room, len(self.cost.t_step) - 2))
+        if k_cap < c.n_min:
+            return 0
+        a = self.acceptance
+        t = self.cost.t_step
+        t_d = self.cost.t_draft if self.draft_has_cost else 0.0
+        best_k, best_rate = 0, 1.0 / t[1] if t[1] > 0 else 0.0
+        for k in range(max(1, c.n_min), k_cap + 1):
+            if t[k + 1] <= 0:
+                continue
+            rate = expected_tokens(a, k) / (t_d * k + t[k + 1])
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        if best_k == 0:
+            # The model says drafting does not pay; probe now and then so new evidence can arrive.
+            if self.fallback is None:
+                self.fallback = (
+                    f"draft does not pay: acceptance {a:.2f}"
+                    if self.rounds
+                    else "verification too costly on this hardware"
+                )
+            self._idle += 1
+            if self._idle >= self._backoff:
+                self._idle = 0
+                self._backoff *= 2
+                return max(1, c.n_min)
+        return best_k
+
+    def record(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, produced: int) -> None:
+        """Account one round; drafted = 0 for a plain step."""
+        self.cost.observe_step(drafted + 1, verify_seconds)
+        if drafted == 0:
+            return
+        self.cost.observe_draft(drafted, draft_seconds)
+        self.rounds += 1
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        if len(self.accepted_per_pos) < drafted:
+            self.accepted_per_pos.extend([0] * (drafted - len(self.accepted_per_pos)))
+        for i in range(accepted):
+            self.accepted_per_pos[i] += 1
+        self._succ += accepted
+        self._fail += 1 if accepted < drafted else 0
+        self._spec_rounds += 1
+        self._spec_tokens += accepted + 1
+        self._spec_seconds += draft_seconds + verify_seconds
+        c = self.config
+        if self._spec_rounds >= c.fallback_rounds and self.cost.t_step[1] > 0:
+            realised = self._spec_tokens / self._spec_seconds
+            plain = 1.0 / self.cost.t_step[1]
+            if realised < c.fallback_margin * plain:
+                self.fallback = (
+                    f"slower than target-only: {realised:.1f} vs {plain:.1f} tok/s "
+                    f"at acceptance {self.acceptance:.2f}"
+                )
+                self._off_until = produced + self._backoff
+                self._backoff *= 2
+            self._spec_rounds = 0
+            self._spec_tokens = 0.0
+            self._spec_seconds = 0.0

@@ -1,0 +1,289 @@
+"""A thin, typed layer over llama-cpp-python's low-level ctypes API.
+
+Why not `llama_cpp.Llama`: it keeps an `n_ctx x n_vocab` score buffer, samples inside C where the
+speculative verifier cannot see p, and its `detokenize` drops pieces longer than 32 bytes. Here a
+`Weights` is one loaded GGUF (shared, memory-mapped) and a `Context` is one KV cache over it with a
+reusable `llama_batch` whose per-row logits flags we set ourselves.
+
+Nothing here is thread-safe: one worker thread owns each Context (see runtime.worker).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as C
+import numpy as np
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+_log_callback: object = None  # keeps the ctypes callback alive
+
+
+class EngineError(RuntimeError):
+    """llama.cpp refused to do something; the message says what and why."""
+
+
+class ContextFull(EngineError):
+    """The KV cache has no room for the batch (llama_decode returned 1)."""
+
+
+def _init_backend() -> None:
+    global _backend_ready, _log_callback
+    with _backend_lock:
+        if _backend_ready:
+            return
+        C.llama_backend_init()
+        # llama.cpp logs every tensor at load; keep warnings and errors only (level 3 = WARN, 4 = ERROR).
+        import logging
+
+        log = logging.getLogger("llama.cpp")
+
+        @C.llama_log_callback
+        def _cb(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+            if level in (3, 4) and text:
+                log.warning(text.decode("utf-8", "replace").rstrip())
+
+        _log_callback = _cb
+        C.llama_log_set(_cb, ctypes.c_void_p(0))
+        _backend_ready = True
+
+
+def default_threads() -> int:
+    """CPUs this process may run on (respects taskset/cgroup affinity)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def gpu_offload_supported() -> bool:
+    _init_backend()
+    return bool(C.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    _init_backend()
+    return C.llama_print_system_info().decode("utf-8", "replace").strip()
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """What llama.cpp's draft compatibility check compares (see engine.pairing)."""
+
+    type: int
+    n_tokens: int
+    bos: int
+    eos: int
+    add_bos: bool
+    add_eos: bool
+
+
+class Weights:
+    """One GGUF loaded once (mmap) and shared by every Context and pair that uses it."""
+
+    def __init__(self, path: str | Path, *, n_gpu_layers: int = -1, use_mmap: bool = True) -> None:
+        _init_backend()
+        self.path = Path(path)
+        params = C.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
+        if not use_mmap:
+            params.load_mode = C.LLAMA_LOAD_MODE_NONE
+        model = C.llama_model_load_from_file(str(self.path).encode(), params)
+        if not model:
+            raise EngineError(f"llama.cpp could not load {self.path} (not a GGUF it understands?)")
+        self.model = model
+        self.vocab = C.llama_model_get_vocab(model)
+        self.n_vocab = int(C.llama_vocab_n_tokens(self.vocab))
+        self.n_layer = int(C.llama_model_n_layer(model))
+        self.n_ctx_train = int(C.llama_model_n_ctx_train(model))
+        self.gpu_layers = min(self.n_layer + 1, n_gpu_layers if n_gpu_layers >= 0 else self.n_layer + 1)
+        if not gpu_offload_supported():
+            self.gpu_layers = 0
+        self.size = int(C.llama_model_size(model))
+        self._pieces: dict[int, bytes] = {}
+        self._closed = False
+
+    # -- vocabulary -------------------------------------------------------------------------
+    def vocab_info(self) -> VocabInfo:
+        v = self.vocab
+        return VocabInfo(
+            type=int(C.llama_vocab_type(v)),
+            n_tokens=self.n_vocab,
+            bos=int(C.llama_vocab_bos(v)),
+            eos=int(C.llama_vocab_eos(v)),
+            add_bos=bool(C.llama_vocab_get_add_bos(v)),
+            add_eos=bool(C.llama_vocab_get_add_eos(v)),
+        )
+
+    def token_text(self, token: int) -> bytes:
+        return C.llama_vocab_get_text(self.vocab, token) or b""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (C.llama_token * n_max)()
+        n = C.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (C.llama_token * n_max)()
+            n = C.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            raise EngineError("tokenization failed")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token stands for; control tokens render as nothing.
+
+        Pieces can exceed any fixed buffer and need not be valid UTF-8 on their own: callers feed
+        them to an incremental decoder (engine.text)."""
+        cached = self._pieces.get(token)
+        if cached is not None:
+            return cached
+        size = 64
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = C.llama_token_to_piece(self.vocab, token, buf, size, 0, False)
+            if n >= 0:
+                out = buf.raw[:n]
+                break
+            size = -n
+        self._pieces[token] = out
+        return out
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            C.llama_model_free(self.model)
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int = 0  # 0 = every CPU this process may use
+    flash_attn: bool = False  # see README "Losslessness": FA breaks batch invariance on CPU
+    type_k: int | None = None  # ggml type ids, None = f16
+    type_v: int | None = None
+
+
+class Context:
+    """One KV cache (sequence 0) over shared Weights, plus the tokens it holds.
+
+    `tokens[i]` is the token whose keys/values sit at position i; `decode` appends, `truncate`
+    rolls back. Logits are copied out of llama.cpp right away because the next decode reuses
+    its buffer."""
+
+    def __init__(self, weights: Weights, params: ContextParams) -> None:
+        self.weights = weights
+        self.params = params
+        cp = C.llama_context_default_params()
+        cp.n_ctx = params.n_ctx
+        cp.n_batch = params.n_batch
+        cp.n_ubatch = params.n_batch
+        cp.n_seq_max = 1
+        threads = params.n_threads or default_threads()
+        cp.n_threads = threads
+        cp.n_threads_batch = threads
+        cp.flash_attn_type = (
+            C.LLAMA_FLASH_ATTN_TYPE_ENABLED if params.flash_attn else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        if params.type_k is not None:
+            cp.type_k = params.type_k
+        if params.type_v is not None:
+            cp.type_v = params.type_v
+        cp.no_perf = True
+        ctx = C.llama_init_from_model(weights.model, cp)
+        if not ctx:
+            raise EngineError(
+                f"llama.cpp could not create a context of {params.n_ctx} tokens for {weights.path.name}"
+            )
+        self.ctx = ctx
+        self.memory = C.llama_get_memory(ctx)
+        self.n_ctx = int(C.llama_n_ctx(ctx))
+        self.n_batch = int(C.llama_n_batch(ctx))
+        self.n_vocab = weights.n_vocab
+        self._batch = C.llama_batch_init(self.n_batch, 0, 1)
+        self.tokens: list[int] = []
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def truncate(self, n: int) -> None:
+        """Forget every position from n on (rejected draft tokens, a changed prompt)."""
+        if n >= len(self.tokens):
+            return
+        if not C.llama_memory_seq_rm(self.memory, 0, n, -1):
+            # Recurrent/hybrid memory cannot drop a partial range; start over.
+            C.llama_memory_clear(self.memory, True)
+            n = 0
+        del self.tokens[n:]
+
+    def clear(self) -> None:
+        C.llama_memory_clear(self.memory, True)
+        self.tokens.clear()
+
+    def _decode_chunk(self, tokens: Sequence[int], start: int, want: Sequence[bool]) -> None:
+        b = self._batch
+        n = len(tokens)
+        for i, tok in enumerate(tokens):
+            b.token[i] = tok
+            b.pos[i] = start + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = want[i]
+        b.n_tokens = n
+        rc = C.llama_decode(self.ctx, b)
+        if rc == 1:
+            raise ContextFull(f"no room in the context ({self.n_ctx} tokens) for {n} more")
+        if rc != 0:
+            # Whatever was written past `start` is unreliable now.
+            C.llama_memory_seq_rm(self.memory, 0, start, -1)
+            raise EngineError(f"llama_decode failed with code {rc}")
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Append tokens without asking for logits, in n_batch chunks.
+
+        The chunking is a pure function of (len(self.tokens), tokens), so two paths that prefill
+        the same prompt from the same state see bit-identical KV."""
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise ContextFull(f"{len(self.tokens) + len(tokens)} tokens do not fit in {self.n_ctx}")
+        for off in range(0, len(tokens), self.n_batch):
+            chunk = tokens[off : off + self.n_batch]
+            self._decode_chunk(chunk, len(self.tokens), [False] * len(chunk))
+            self.tokens.extend(chunk)
+
+    def decode(self, tokens: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
+        """Append tokens in ONE llama_decode and return the logits of `rows` (default: all).
+
+        Returns a (len(rows), n_vocab) float32 copy, rows in batch order. Used for single steps and for verifying a
+        draft, so len(tokens) must fit in n_batch."""
+        n = len(tokens)
+        if n > self.n_batch:
+            raise EngineError(f"batch of {n} exceeds n_batch {self.n_batch}")
+        if len(self.tokens) + n > self.n_ctx:
+            raise ContextFull(f"{len(self.tokens) + n} tokens do not fit in {self.n_ctx}")
+        rows = range(n) if rows is None else sorted(rows)
+        want = [False] * n
+        for r in rows:
+            want[r] = True
+        self._decode_chunk(tokens, len(self.tokens), want)
+        self.tokens.extend(tokens)
+        ptr = C.llama_get_logits(self.ctx)
+        out = np.ctypeslib.as_array(ptr, shape=(len(rows), self.n_vocab))
+        return out.copy()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            C.llama_batch_free(self._batch)
+            C.llama_free(self.ctx)

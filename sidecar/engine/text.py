@@ -1,0 +1,51 @@
+"""Token bytes to streamed text: never a broken character, never part of a stop string.
+
+A token's piece may end in the middle of a multi-byte UTF-8 character, so bytes go through an
+incremental decoder. Text that could still grow into a stop string is held back until it either
+completes the stop (generation ends, the stop is not emitted) or stops matching (it is released).
+"""
+
+from __future__ import annotations
+
+import codecs
+
+
+class TextStream:
+    def __init__(self, stops: list[str] | None = None) -> None:
+        self.stops = [s for s in (stops or []) if s]
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._held = ""
+        self._stopped = False
+
+    def feed(self, piece: bytes) -> tuple[str, bool]:
+        """Add a token's bytes; returns (text safe to emit now, whether a stop string was hit)."""
+        text = self._held + self._decoder.decode(piece)
+        if not self.stops:
+            self._held = ""
+            return text, False
+        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self._held = ""
+            self._stopped = True
+            return text[:cut], True
+        hold = self._partial_stop_len(text)
+        self._held = text[len(text) - hold :] if hold else ""
+        return text[: len(text) - hold], False
+
+    def flush(self) -> str:
+        """At the end of generation: whatever was held back (and any dangling bytes) is real output."""
+        if self._stopped:  # bytes after a stop string are not output, not even as U+FFFD
+            return ""
+        rest = self._held + self._decoder.decode(b"", final=True)
+        self._held = ""
+        return rest
+
+    def _partial_stop_len(self, text: str) -> int:
+        """Length of the longest suffix of text that is a proper prefix of some stop string."""
+        best = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:n]):
+                    best = n
+                    break
+        return best

@@ -1,0 +1,353 @@
+"""Pairs at run time: loading, sharing, keep_alive, queueing, and streaming generations.
+
+A target model (one GGUF + one context) lives on its own worker thread together with the drafters
+of every pair that uses it; requests for it queue on that thread. Weights are memory-mapped once
+per file however many pairs use them. keep_alive works as in Ollama: each request pushes the
+model's expiry out, `keep_alive: 0` unloads right after the request, negative keeps it forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sidecar.config.schema import ModelDraft, NgramDraft, Pair
+from sidecar.engine.adaptive import CostModel, SpeculativeConfig
+from sidecar.engine.decoder import Decoder, Request, Result
+from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
+from sidecar.engine.llama import Context, ContextParams, Weights, gpu_offload_supported, system_info
+from sidecar.engine.pairing import check_pair
+from sidecar.models.gguf import read_metadata
+from sidecar.models.resolve import ResolvedModel, resolve
+from sidecar.runtime.options import Effective
+from sidecar.runtime.worker import Worker, stream
+from sidecar.templates.chat import ChatTemplate, choose
+
+log = logging.getLogger("sidecar.runtime")
+
+KV_TYPES = {"f16": None, "q8_0": 8, "q4_0": 2}
+DEFAULT_NUM_CTX = 4096
+
+
+class ServerBusy(RuntimeError):
+    pass
+
+
+@dataclass
+class PairEntry:
+    """A declared pair with its model references resolved (not loaded)."""
+
+    name: str
+    config: Pair
+    target: ResolvedModel
+    draft: ResolvedModel | None
+    metadata: dict[str, Any]
+    modified: float
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """Option defaults: the Ollama params layer, then the pair's `parameters`."""
+        return {**self.target.params, **self.config.parameters.model_dump(exclude_none=True)}
+
+    def num_ctx(self, requested: int | None) -> int:
+        train = int(self.metadata.get(f"{self.metadata.get('general.architecture', '')}.context_length", 0) or 0)
+        n = requested or self.params.get("num_ctx") or DEFAULT_NUM_CTX
+        return max(64, min(n, train) if train else n)
+
+
+def build_entry(name: str, pair: Pair, base: Path | None = None) -> PairEntry:
+    target = resolve(pair.from_, base=base)
+    draft = resolve(pair.draft.from_, base=base) if isinstance(pair.draft, ModelDraft) else None
+    return PairEntry(name, pair, target, draft, read_metadata(target.path), target.path.stat().st_mtime)
+
+
+class WeightsRegistry:
+    """Weights shared by reference count, so a GGUF used by several pairs is mapped once."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[tuple[str, int], tuple[Weights, int]] = {}
+
+    def acquire(self, path: Path, n_gpu_layers: int) -> Weights:
+        key = (str(path.resolve()), n_gpu_layers)
+        w, n = self._loaded.get(key, (None, 0))
+        if w is None:
+            t0 = time.perf_counter()
+            w = Weights(path, n_gpu_layers=n_gpu_layers)
+            log.info(
+                "loaded %s in %.2fs: %d of %d layers on the GPU (%s)", path.name, time.perf_counter() - t0,
+                w.gpu_layers, w.n_layer + 1, "GPU offload available" if gpu_offload_supported() else "CPU only",
+            )
+        self._loaded[key] = (w, n + 1)
+        return w
+
+    def release(self, w: Weights) -> None:
+        for key, (held, n) in list(self._loaded.items()):
+            if held is w:
+                if n <= 1:
+                    del self._loaded[key]
+                    w.close()
+                else:
+                    self._loaded[key] = (held, n - 1)
+                return
+
+    @property
+    def count(self) -> int:
+        return len(self._loaded)
+
+
+@dataclass
+class PairEngine:
+    """What one pair adds on top of its target: a drafter, its cost model, its template."""
+
+    decoder: Decoder
+    draft_ctx: Context | None
+    draft_weights: Weights | None
+
+
+@dataclass
+class Loaded:
+    """A loaded target model: weights, one context, its thread, and the pairs riding on it."""
+
+    key: str
+    weights: Weights
+    ctx: Context
+    worker: Worker
+    pairs: dict[str, PairEngine] = field(default_factory=dict)
+    expires_at: float | None = None  # time.time() deadline; None = never
+    in_flight: int = 0
+    timer: asyncio.TimerHandle | None = None
+    calibrated: CostModel | None = None
+
+
+@dataclass
+class Outcome:
+    """The end of a generation: the engine's Result plus what the API reports around it."""
+
+    result: Result
+    load_seconds: float
+    context: list[int]
+
+
+class Runtime:
+    def __init__(self, *, keep_alive: float = 300.0, max_queue: int = 512) -> None:
+        self.entries: dict[str, PairEntry] = {}
+        self.keep_alive = keep_alive
+        self.max_queue = max_queue
+        self.weights = WeightsRegistry()
+        self._loaded: dict[str, Loaded] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._pending = 0
+        self._backend_logged = False
+
+    # -- pairs ------------------------------------------------------------------------------
+    def set_entries(self, entries: dict[str, PairEntry]) -> None:
+        self.entries = {name.lower(): e for name, e in entries.items()}
+
+    def find(self, model: str) -> PairEntry | None:
+        name = model.strip().lower()
+        if name and ":" not in name.rsplit("/", 1)[-1]:
+            name += ":latest"
+        return self.entries.get(name)
+
+    def _key(self, entry: PairEntry) -> str:
+        rt = entry.config.runtime
+        return f"{entry.target.path.resolve()}|gpu={rt.num_gpu}|b={rt.num_batch}|fa={rt.flash_attn}|kv={rt.kv_cache_type}"
+
+    def loaded_entries(self) -> list[tuple[PairEntry, Loaded]]:
+        out = []
+        for e in self.entries.values():
+            lm = self._loaded.get(self._key(e))
+            if lm is not None and e.name in lm.pairs:
+                out.append((e, lm))
+        return out
+
+    # -- loading ----------------------------------------------------------------------------
+    async def load(self, entry: PairEntry, num_ctx: int | None = None) -> tuple[Loaded, float]:
+        """Make the pair ready; returns the loaded target and the seconds spent loading."""
+        key = self._key(entry)
+        n_ctx = entry.num_ctx(num_ctx)
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        t0 = time.perf_counter()
+        async with lock:
+            lm = self._loaded.get(key)
+            if lm is not None and lm.ctx.n_ctx != n_ctx:
+                # Like Ollama: a different num_ctx means a reload; in-flight requests finish first.
+                self._unload(lm)
+                lm = None
+            if lm is None:
+                lm = await asyncio.to_thread(self._load_target, entry, key, n_ctx)
+                self._loaded[key] = lm
+            if entry.name not in lm.pairs:
+                lm.pairs[entry.name] = await lm.worker.call(lambda: self._load_pair(entry, lm))
+        return lm, time.perf_counter() - t0
+
+    def _load_target(self, entry: PairEntry, key: str, n_ctx: int) -> Loaded:
+        if not self._backend_logged:
+            self._backend_logged = True
+            log.info("llama.cpp backend: %s", system_info())
+        rt = entry.config.runtime
+        log.info("loading %s for %s (num_ctx %d)", entry.target.path.name, entry.name, n_ctx)
+        weights = self.weights.acquire(entry.target.path, rt.num_gpu)
+        try:
+            ctx = Context(weights, ContextParams(
+                n_ctx=n_ctx, n_batch=min(rt.num_batch, n_ctx), n_threads=rt.num_thread,
+                flash_attn=rt.flash_attn, type_k=KV_TYPES[rt.kv_cache_type], type_v=KV_TYPES[rt.kv_cache_type],
+            ))
+        except Exception:
+            self.weights.release(weights)
+            raise
+        return Loaded(key, weights, ctx, Worker(entry.name))
+
+    def _load_pair(self, entry: PairEntry, lm: Loaded) -> PairEngine:
+        """Runs on the target's worker thread: build the drafter and measure the cost curve."""
+        spec = entry.config.speculative.engine()
+        drafter: Drafter | None = None
+        draft_ctx = draft_w = None
+        d = entry.config.draft
+        if isinstance(d, NgramDraft):
+            drafter = NgramDrafter(d.min_n, d.max_n)
+        elif isinstance(d, ModelDraft) and entry.draft is not None:
+            draft_w = self.weights.acquire(entry.draft.path, d.num_gpu)
+            try:
+                check_pair(lm.weights, draft_w)
+                draft_ctx = Context(draft_w, ContextParams(
+                    n_ctx=lm.ctx.n_ctx, n_batch=min(d.num_batch, lm.ctx.n_ctx), n_threads=d.num_thread,
+                    flash_attn=d.flash_attn, type_k=KV_TYPES[d.kv_cache_type], type_v=KV_TYPES[d.kv_cache_type],
+                ))
+            except Exception:
+                self.weights.release(draft_w)
+                raise
+            drafter = ModelDrafter(draft_ctx, spec.p_min)
+        cost = self._cost_model(lm, spec, draft_ctx) if drafter else None
+        return PairEngine(Decoder(lm.ctx, drafter, spec, cost), draft_ctx, draft_w)
+
+    @staticmethod
+    def _cost_model(lm: Loaded, spec: SpeculativeConfig, draft_ctx: Context | None) -> CostModel:
+        rows = spec.n_max + 1
+        if lm.calibrated is None or len(lm.calibrated.t_step) <= rows:
+            t0 = time.perf_counter()
+            cal = CostModel(rows)
+            cal.calibrate(lm.ctx)
+            lm.calibrated = cal
+            curve = ", ".join(f"{v:.2f}" for v in cal.verify_curve())
+            log.info("verify cost curve of %s (x one-token step, n = 1..%d): %s [%.2fs]",
+                     lm.weights.path.name, rows, curve, time.perf_counter() - t0)
+        cost = CostModel(rows)
+        cost.t_step = lm.calibrated.t_step[: rows + 1]
+        if draft_ctx is not None:
+            one = CostModel(1)
+            one.calibrate(draft_ctx)
+            cost.t_draft = one.t_step[1]
+        return cost
+
+    # -- unloading and keep_alive ------------------------------------------------------------
+    def _unload(self, lm: Loaded) -> None:
+        """Forget the model now; its thread frees it after the requests already queued on it."""
+        if self._loaded.get(lm.key) is lm:
+            del self._loaded[lm.key]
+        if lm.timer:
+            lm.timer.cancel()
+
+        def free() -> None:
+            for pe in lm.pairs.values():
+                if pe.draft_ctx is not None:
+                    pe.draft_ctx.close()
+                if pe.draft_weights is not None:
+                    self.weights.release(pe.draft_weights)
+            lm.ctx.close()
+            self.weights.release(lm.weights)
+            log.info("unloaded %s", lm.weights.path.name)
+
+        lm.worker.submit(free)
+        lm.worker.stop()
+
+    async def unload(self, entry: PairEntry) -> None:
+        lm = self._loaded.get(self._key(entry))
+        if lm is not None:
+            self._unload(lm)
+
+    async def unload_all(self) -> None:
+        for lm in list(self._loaded.values()):
+            self._unload(lm)
+            await asyncio.to_thread(lm.worker.join, 30)
+
+    def touch(self, lm: Loaded, keep_alive: float | None) -> None:
+        """Push the model's expiry out by keep_alive seconds (negative: never; 0: now)."""
+        ka = self.keep_alive if keep_alive is None else keep_alive
+        if lm.timer:
+            lm.timer.cancel()
+            lm.timer = None
+        if ka < 0:
+            lm.expires_at = None
+            return
+        lm.expires_at = time.time() + ka
+        loop = asyncio.get_running_loop()
+        lm.timer = loop.call_later(max(ka, 0.0), self._expire, lm)
+
+    def _expire(self, lm: Loaded) -> None:
+        lm.timer = None
+        if lm.in_flight:
+            lm.timer = asyncio.get_running_loop().call_later(1.0, self._expire, lm)
+        elif lm.expires_at is not None and time.time() >= lm.expires_at - 0.01:
+            self._unload(lm)
+
+    # -- generation -------------------------------------------------------------------------
+    def template(self, entry: PairEntry, lm: Loaded, override: str | None) -> ChatTemplate:
+        w = lm.weights
+        vi = w.vocab_info()
+        return choose(
+            override, entry.config.template, entry.target.template,
+            entry.metadata.get("tokenizer.chat_template") if isinstance(
+                entry.metadata.get("tokenizer.chat_template"), str) else None,
+            bos_token=w.token_text(vi.bos).decode("utf-8", "replace") if vi.bos >= 0 else "",
+            eos_token=w.token_text(vi.eos).decode("utf-8", "replace") if vi.eos >= 0 else "",
+        )
+
+    async def generate(
+        self,
+        entry: PairEntry,
+        prompt: Callable[[Loaded], tuple[str, list[int] | None]],
+        opts: Effective,
+        keep_alive: float | None,
+    ) -> AsyncIterator[str | Outcome]:
+        """Stream text pieces, then one Outcome.
+
+        `prompt(loaded)` returns the prompt text (tokenized with special tokens parsed) and any
+        token ids to put before it (Ollama's deprecated `context`)."""
+        if self._pending >= self.max_queue:
+            raise ServerBusy("server busy, please try again.  maximum pending requests exceeded")
+        self._pending += 1
+        try:
+            lm, load_seconds = await self.load(entry, opts.num_ctx)
+            lm.in_flight += 1
+            try:
+                text, before = prompt(lm)
+                pe = lm.pairs[entry.name]
+                speculate = opts.draft_num_predict != 0
+                n_max = opts.draft_num_predict or None
+                add_special = not text.startswith(
+                    lm.weights.token_text(lm.weights.vocab_info().bos).decode("utf-8", "replace") or "\0")
+
+                def produce(cancelled: Callable[[], bool]) -> Iterator[str | Result]:
+                    tokens = list(before or []) + lm.weights.tokenize(
+                        text, add_special=add_special and not before, parse_special=True)
+                    req = Request(tokens, opts.sampling, opts.num_predict, opts.stop, speculate, n_max)
+                    for item in pe.decoder.generate(req, cancelled):
+                        if isinstance(item, Result):
+                            yield Outcome(item, load_seconds, tokens + item.tokens)  # type: ignore[misc]
+                        else:
+                            yield item
+
+                async for item in stream(lm.worker, produce):
+                    yield item
+            finally:
+                lm.in_flight -= 1
+                if self._loaded.get(lm.key) is lm:
+                    self.touch(lm, keep_alive)
+        finally:
+            self._pending -= 1
