@@ -1,0 +1,106 @@
+"""Turning messages into the prompt text a model expects.
+
+Precedence, as in Ollama: a request's `template` > the pair's `template` > the Ollama TEMPLATE
+layer > the GGUF's own `tokenizer.chat_template` (jinja). Go templates render exactly as Ollama
+renders them (templates.gotemplate); jinja templates render the way llama.cpp's server and
+transformers do.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Protocol
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from sidecar.templates.gotemplate import GoTemplate, TemplateError, render_ollama
+
+__all__ = ["ChatTemplate", "GoChatTemplate", "JinjaChatTemplate", "TemplateError", "choose"]
+
+# Used when a model ships no template at all (what Ollama's `{{ .Prompt }}` default amounts to).
+FALLBACK_TEMPLATE = "{{- if .System }}{{ .System }}\n\n{{ end }}{{ .Prompt }}"
+
+
+class ChatTemplate(Protocol):
+    source: str
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str: ...
+
+    @property
+    def adds_bos(self) -> bool:
+        """Whether the rendered text already starts with the BOS token's text."""
+        ...
+
+
+class GoChatTemplate:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self._tmpl = GoTemplate(source)
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        return render_ollama(self._tmpl, messages, tools=tools or None)
+
+    @property
+    def adds_bos(self) -> bool:
+        return False
+
+
+def _raise(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+
+
+class JinjaChatTemplate:
+    """A GGUF `tokenizer.chat_template`, rendered like transformers' apply_chat_template."""
+
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "") -> None:
+        self.source = source
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            self._tmpl = env.from_string(source)
+        except jinja2.exceptions.TemplateSyntaxError as e:
+            raise TemplateError(f"chat template: {e.message} (line {e.lineno})") from None
+        self.bos_token, self.eos_token = bos_token, eos_token
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        try:
+            return self._tmpl.render(
+                messages=messages,
+                tools=tools or None,
+                add_generation_prompt=True,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except jinja2.exceptions.TemplateError as e:
+            raise TemplateError(f"chat template: {e}") from None
+
+    @property
+    def adds_bos(self) -> bool:
+        return bool(self.bos_token) and "bos_token" in self.source
+
+
+def choose(
+    request_template: str | None,
+    pair_template: str | None,
+    layer_template: str | None,
+    gguf_template: str | None,
+    bos_token: str = "",
+    eos_token: str = "",
+) -> ChatTemplate:
+    """The template that wins by Ollama's precedence."""
+    for go in (request_template, pair_template, layer_template):
+        if go:
+            return GoChatTemplate(go)
+    if gguf_template:
+        return JinjaChatTemplate(gguf_template, bos_token, eos_token)
+    return GoChatTemplate(FALLBACK_TEMPLATE)
