@@ -93,8 +93,9 @@ class Sampler:
         else:
             ids = np.arange(n)
         ids = ids[np.argsort(-logits[ids], kind="stable")]
-        # Subtract the max before dividing: a tiny temperature must not overflow into NaN.
-        x = (logits[ids].astype(np.float64) - float(logits[ids[0]])) / p.temperature
+        # Subtract the max before dividing, and clamp as Ollama does: a tiny temperature must not
+        # overflow into NaN.
+        x = (logits[ids].astype(np.float64) - float(logits[ids[0]])) / max(p.temperature, 1e-7)
         x = np.exp(x)
         x /= x.sum()
         keep = len(x)

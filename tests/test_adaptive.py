@@ -1,0 +1,243 @@
+"""The adaptive draft length: the expected-tokens formula, the cost model, and the fallback logic.
+
+CostModel is built by hand (t_step[n] = seconds to verify n rows), so each test states the hardware
+it pretends to run on: a GPU-like flat curve, or a CPU-like one where rows cost nearly linearly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pytest
+
+from sidecar.engine import adaptive
+from sidecar.engine.adaptive import CostModel, Plan, SpeculativeConfig, expected_tokens
+
+INF = math.inf
+# Seconds to verify 1..9 rows. GPU: one pass costs about the same for any n.
+FLAT = [1.0 + 0.02 * i for i in range(9)]
+# SmolLM2 on 2 CPU cores (module docstring): a batch of 4 ~2.4x one token, a batch of 8 ~4.1x.
+CPU = [1.0, 1.5, 1.9, 2.4, 2.8, 3.1, 3.5, 3.8, 4.1]
+# Every row costs a full step: no k can beat plain decoding.
+LINEAR = [float(n) for n in range(1, 10)]
+
+
+def cost(t_step: Sequence[float], t_draft: float = 0.0) -> CostModel:
+    model = CostModel(len(t_step))
+    model.t_step = [0.0, *t_step]
+    model.t_draft = t_draft
+    return model
+
+
+def plan(t_step: Sequence[float], num_predict: int = -1, draft_has_cost: bool = False,
+         t_draft: float = 0.0, **config: float) -> Plan:
+    return Plan.start(SpeculativeConfig(**config), cost(t_step, t_draft), draft_has_cost, num_predict)  # type: ignore[arg-type]
+
+
+# -- expected tokens -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("a", "k", "expected"),
+    [
+        (0.8, 4, 3.3616),  # the paper's table: alpha 0.8, gamma 4 -> 3.36
+        (0.6, 2, 1.96),
+        (0.9, 8, 6.12579511),
+        (0.5, 1, 1.5),
+        (0.7, 0, 1.0),  # no draft: the target's own token
+        (0.0, 5, 1.0),  # every draft rejected: still the correction token
+        (1.0, 5, 6.0),  # every draft accepted, plus the bonus token
+    ],
+)
+def test_expected_tokens_values(a: float, k: int, expected: float) -> None:
+    assert expected_tokens(a, k) == pytest.approx(expected, rel=1e-8)
+
+
+def test_expected_tokens_grows_with_k_and_acceptance() -> None:
+    for a in (0.1, 0.5, 0.9):
+        values = [expected_tokens(a, k) for k in range(10)]
+        assert values == sorted(values)
+        assert values[-1] < 1 / (1 - a)  # bounded by the geometric series
+    assert expected_tokens(0.4, 4) < expected_tokens(0.6, 4) < expected_tokens(0.99, 4) < 5
+
+
+# -- cost model ------------------------------------------------------------------------------------
+
+
+def test_observe_step_seeds_then_smooths() -> None:
+    model = CostModel(4)
+    model.observe_step(2, 1.0)
+    assert model.t_step[2] == 1.0
+    model.observe_step(2, 2.0)
+    assert model.t_step[2] == pytest.approx(1.2)
+    model.observe_step(9, 5.0)  # larger than the table: ignored
+    assert len(model.t_step) == 5
+
+
+def test_observe_draft_is_per_token() -> None:
+    model = CostModel(4)
+    model.observe_draft(4, 0.2)
+    assert model.t_draft == pytest.approx(0.05)
+    model.observe_draft(0, 9.0)  # nothing drafted: nothing learnt
+    assert model.t_draft == pytest.approx(0.05)
+
+
+def test_verify_curve_is_relative_to_one_row() -> None:
+    assert cost([0.5, 1.0, 2.0]).verify_curve() == [1.0, 2.0, 4.0]
+
+
+class FakeContext:
+    """Just enough of engine.llama.Context for calibrate(), on a fake clock."""
+
+    def __init__(self, clock: list[float], seconds: dict[int, list[float]]) -> None:
+        self.clock = clock
+        self.seconds = seconds  # per batch size, successive timings (the last one repeats)
+        self.tokens: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def clear(self) -> None:
+        self.tokens = []
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        self.tokens += list(tokens)
+
+    def truncate(self, n: int) -> None:
+        self.tokens = self.tokens[:n]
+
+    def decode(self, tokens: Sequence[int]) -> None:
+        times = self.seconds[len(tokens)]
+        self.clock[0] += times.pop(0) if len(times) > 1 else times[0]
+        self.tokens += list(tokens)
+
+
+def test_calibrate_keeps_the_fastest_run_and_flattens_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Minimum over repetitions per size; a bigger batch is never recorded as cheaper; cache emptied."""
+    clock = [0.0]
+    monkeypatch.setattr(adaptive.time, "perf_counter", lambda: clock[0])
+    seconds = {
+        1: [9.0, 1.0, 5.0, 1.0],  # warm-up, then a burst of load in one repetition
+        2: [1.5, 1.4, 1.6],
+        3: [1.3],  # noise: "faster" than 2 rows
+    }
+    ctx = FakeContext(clock, seconds)
+    model = CostModel(3)
+    model.calibrate(ctx, reps=3)  # type: ignore[arg-type]
+    assert model.t_step[0] == 0.0
+    assert model.t_step[1:] == pytest.approx([1.0, 1.4, 1.4])
+    assert len(ctx) == 0
+
+
+# -- draft length ----------------------------------------------------------------------------------
+
+
+def test_short_num_predict_runs_target_only() -> None:
+    p = plan(FLAT, num_predict=8)
+    assert not p.enabled
+    assert p.fallback is not None and "short output" in p.fallback
+    assert all(p.draft_length(i, 8 - i, 100) == 0 for i in range(8))
+
+
+@pytest.mark.parametrize("num_predict", [-1, 16, 500])
+def test_long_or_unlimited_output_speculates(num_predict: int) -> None:
+    p = plan(FLAT, num_predict=num_predict)
+    assert p.enabled and p.fallback is None
+    assert p.draft_length(0, INF if num_predict < 0 else num_predict, 100) > 0
+
+
+def test_cheap_verification_drafts_longer_than_costly_verification() -> None:
+    """GPU-like flat curve: the longest draft allowed; CPU-like curve: a short one, but still one."""
+    k_gpu = plan(FLAT).draft_length(0, INF, 100)
+    k_cpu = plan(CPU).draft_length(0, INF, 100)
+    assert k_gpu == 8
+    assert 1 <= k_cpu < k_gpu
+
+
+def test_draft_cost_shortens_the_draft() -> None:
+    free = plan(CPU).draft_length(0, INF, 100)
+    paid = plan(CPU, draft_has_cost=True, t_draft=0.3).draft_length(0, INF, 100)
+    assert paid < free
+
+
+@pytest.mark.parametrize(
+    ("remaining", "room", "n_max", "cap"),
+    [(INF, 100, 8, 8), (4, 100, 8, 3), (INF, 2, 8, 2), (INF, 100, 3, 3), (1, 100, 8, 0)],
+)
+def test_draft_length_respects_its_caps(remaining: float, room: int, n_max: int, cap: int) -> None:
+    """At most n_max, one less than the tokens still wanted, the room left in the context."""
+    assert plan(FLAT, n_max=n_max).draft_length(0, remaining, room) == cap
+
+
+def test_draft_length_never_exceeds_the_measured_table() -> None:
+    assert plan(FLAT[:4], n_max=16).draft_length(0, INF, 100) == 3  # t_step has rows 1..4
+
+
+def test_costly_verification_without_evidence_falls_back() -> None:
+    """When verifying k+1 rows costs k+1 steps, no draft pays even at the prior acceptance."""
+    p = plan(LINEAR)
+    assert p.draft_length(0, INF, 100) == 0
+    assert p.fallback == "verification too costly on this hardware"
+
+
+def _record_rejections(p: Plan, rounds: int, t_step: Sequence[float]) -> None:
+    # Verification timings equal to the model's, so the cost model does not move.
+    for _ in range(rounds):
+        p.record(drafted=4, accepted=0, draft_seconds=0.0, verify_seconds=t_step[4], produced=0)
+
+
+def test_low_acceptance_on_costly_hardware_backs_off_then_probes_again() -> None:
+    """After rejected drafts on a CPU-like curve the plan stops drafting, but probes with a minimal
+    draft after probe_interval plain steps, then after twice as many."""
+    p = plan(CPU, probe_interval=4, fallback_rounds=1000)
+    assert p.draft_length(0, INF, 100) > 0
+    _record_rejections(p, 5, CPU)
+    assert p.acceptance == pytest.approx(0.2)  # (0 + 0.7 x 2) / (5 + 2)
+    ks = [p.draft_length(i, INF, 100) for i in range(12)]
+    assert ks == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1]
+    assert p.fallback == "draft does not pay: acceptance 0.20"
+
+
+def test_acceptance_evidence_brings_drafting_back() -> None:
+    p = plan(CPU, probe_interval=4, fallback_rounds=1000)
+    _record_rejections(p, 5, CPU)
+    assert p.draft_length(0, INF, 100) == 0
+    for _ in range(20):
+        p.record(drafted=4, accepted=4, draft_seconds=0.0, verify_seconds=CPU[4], produced=0)
+    assert p.acceptance > 0.9
+    assert p.draft_length(0, INF, 100) > 1
+
+
+def test_record_switches_off_when_slower_than_plain_decoding() -> None:
+    """Realised speculative throughput below margin x plain rate: off for probe_interval tokens."""
+    p = plan(FLAT)  # fallback_rounds 8, margin 0.97, probe_interval 32
+    for i in range(7):
+        p.record(drafted=4, accepted=0, draft_seconds=0.5, verify_seconds=FLAT[4], produced=i + 1)
+        assert p.fallback is None
+    p.record(drafted=4, accepted=0, draft_seconds=0.5, verify_seconds=FLAT[4], produced=8)
+    assert p.fallback is not None and p.fallback.startswith("slower than target-only")
+    assert "at acceptance" in p.fallback
+    assert [p.draft_length(n, INF, 100) for n in (8, 20, 39)] == [0, 0, 0]
+    assert p.draft_length(40, INF, 100) > 0  # probing again after the back-off
+
+
+def test_record_keeps_speculation_when_it_pays() -> None:
+    p = plan(FLAT)
+    for i in range(16):
+        p.record(drafted=4, accepted=3, draft_seconds=0.01, verify_seconds=FLAT[4], produced=4 * i)
+    assert p.fallback is None
+    assert p.draft_length(64, INF, 100) > 0
+
+
+def test_record_counters() -> None:
+    p = plan(FLAT)
+    p.record(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=2.0, produced=1)  # a plain step
+    assert p.rounds == 0 and p.draft_tokens == 0
+    assert p.cost.t_step[1] == pytest.approx(1.0 + 0.2 * (2.0 - 1.0))
+    p.record(drafted=3, accepted=2, draft_seconds=0.0, verify_seconds=FLAT[3], produced=4)
+    p.record(drafted=5, accepted=5, draft_seconds=0.0, verify_seconds=FLAT[5], produced=10)
+    assert (p.rounds, p.draft_tokens, p.accepted_tokens) == (2, 8, 7)
+    assert p.accepted_per_pos == [2, 2, 1, 1, 1]
+    # 7 accepted, 1 round with a rejection, prior 0.7 x weight 2
+    assert p.acceptance == pytest.approx((7 + 1.4) / (7 + 1 + 2))

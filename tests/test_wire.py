@@ -1,0 +1,202 @@
+"""Ollama's wire format: keep_alive durations, NDJSON framing, request bodies and typed fields."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from typing import Any
+
+import pytest
+
+from sidecar.api.wire import ApiError, dumps, get, line, ns, parse_duration, read_body
+
+# -- parse_duration --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("5m", 300.0),
+        ("1h30m", 5400.0),
+        ("300ms", 0.3),
+        ("-1m", -60.0),
+        ("0", 0.0),
+        ("-0", 0.0),
+        ("0s", 0.0),
+        ("1.5h", 5400.0),
+        (".5s", 0.5),
+        ("2h45m30.5s", 9930.5),
+        ("1h2m3s4ms5us6ns", 3723.004005006),
+        ("10µs", 1e-5),
+        (" 5m ", 300.0),
+        (0, 0.0),
+        (300, 300.0),
+        (-1, -1.0),
+        (2.5, 2.5),
+    ],
+)
+def test_parse_duration_values(value: Any, seconds: float) -> None:
+    assert parse_duration(value) == pytest.approx(seconds, rel=1e-12, abs=1e-15)
+
+
+def test_parse_duration_returns_floats() -> None:
+    assert type(parse_duration(5)) is float
+    assert type(parse_duration("5m")) is float
+
+
+@pytest.mark.parametrize("value", ["3600", "-5", "00"])
+def test_a_number_string_without_unit_is_a_400(value: str) -> None:
+    with pytest.raises(ApiError) as e:
+        parse_duration(value)
+    assert e.value.status == 400
+    assert e.value.message == f'time: missing unit in duration "{value}"'
+
+
+@pytest.mark.parametrize("value", ["", "abc", "5 m", "5d", "m", "-", "1h-30m", "5mm", "1e3s"])
+def test_malformed_durations_are_a_400(value: str) -> None:
+    with pytest.raises(ApiError) as e:
+        parse_duration(value)
+    assert e.value.status == 400
+    assert e.value.message == f'time: invalid duration "{value.strip()}"'
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("+5m", 300.0), ("+0", 0.0)])
+def test_a_leading_plus_sign_is_accepted_like_go(value: str, seconds: float) -> None:
+    """Go's time.ParseDuration accepts an optional sign, '-' or '+': "+5m" is 5 minutes."""
+    assert parse_duration(value) == seconds
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, None, [1], {"m": 5}])
+def test_non_durations_are_a_400(value: Any) -> None:
+    with pytest.raises(ApiError) as e:
+        parse_duration(value)
+    assert (e.value.status, e.value.message) == (400, "invalid keep_alive")
+
+
+def test_a_bool_keep_alive_gets_gos_unmarshal_error() -> None:
+    with pytest.raises(ApiError) as e:
+        parse_duration(True)
+    assert e.value.status == 400
+    assert "cannot unmarshal bool" in e.value.message
+
+
+# -- dumps / line ----------------------------------------------------------------------------------
+
+
+def test_dumps_is_compact() -> None:
+    assert dumps({"a": [1, 2], "b": {"c": None, "d": True}}) == '{"a":[1,2],"b":{"c":null,"d":true}}'
+
+
+def test_dumps_escapes_line_separators_and_all_non_ascii() -> None:
+    text = "a\u2028b\u2029c é 日 🎉 \n"
+    out = dumps({"response": text})
+    assert out == '{"response":"a\\u2028b\\u2029c \\u00e9 \\u65e5 \\ud83c\\udf89 \\n"}'
+    assert out.isascii()
+    assert json.loads(out) == {"response": text}
+    assert not any(ch in out for ch in "\n\r\u2028\u2029\x85")
+
+
+@pytest.mark.parametrize("obj", [{}, {"response": "x\ny\n"}, {"done": True, "context": [1, 2]}, "s", 3])
+def test_line_ends_with_exactly_one_newline(obj: Any) -> None:
+    out = line(obj)
+    assert isinstance(out, bytes)
+    assert out.endswith(b"\n") and not out.endswith(b"\n\n")
+    assert out.count(b"\n") == 1
+    assert json.loads(out) == obj
+
+
+def test_lines_concatenate_into_ndjson() -> None:
+    stream = b"".join(line({"response": r, "done": r == ""}) for r in ("Hel", "lo\u2028", ""))
+    assert [json.loads(x) for x in stream.splitlines()] == [
+        {"response": "Hel", "done": False},
+        {"response": "lo\u2028", "done": False},
+        {"response": "", "done": True},
+    ]
+
+
+def test_ns_converts_seconds_to_non_negative_nanoseconds() -> None:
+    assert ns(1.5) == 1_500_000_000
+    assert ns(0) == 0
+    assert ns(-3.0) == 0
+
+
+# -- read_body (it only awaits request.read()) ----------------------------------------------------
+
+
+class FakeRequest:
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    async def read(self) -> bytes:
+        return self.raw
+
+
+def body(raw: bytes) -> dict[str, Any]:
+    return asyncio.run(read_body(FakeRequest(raw)))  # type: ignore[arg-type]
+
+
+def body_error(raw: bytes) -> str:
+    with pytest.raises(ApiError) as e:
+        body(raw)
+    assert e.value.status == 400
+    return e.value.message
+
+
+def test_read_body_returns_the_object() -> None:
+    assert body(b'{"model": "a:b", "options": {"top_k": 3}}') == {"model": "a:b", "options": {"top_k": 3}}
+
+
+@pytest.mark.parametrize("raw", [b"", b"  \n\t"])
+def test_read_body_missing(raw: bytes) -> None:
+    assert body_error(raw) == "missing request body"
+
+
+def test_read_body_rejects_invalid_utf8() -> None:
+    assert "not valid UTF-8" in body_error(b'{"prompt": "\xff"}')
+
+
+@pytest.mark.parametrize("raw", [b"{", b'{"a": 1,}', b"{'a': 1}", b'{"a": NaN}', b'{"a": Infinity}'])
+def test_read_body_rejects_invalid_json(raw: bytes) -> None:
+    assert body_error(raw).startswith("invalid JSON")
+
+
+def test_read_body_rejects_deep_nesting() -> None:
+    assert body_error(b"[" * 100_000 + b"]" * 100_000) == "request body is nested too deeply"
+
+
+@pytest.mark.parametrize(
+    ("raw", "kind"), [(b"[1]", "array"), (b'"x"', "string"), (b"3", "number"), (b"true", "bool"),
+                      (b"null", "null")]
+)
+def test_read_body_needs_an_object(raw: bytes, kind: str) -> None:
+    assert body_error(raw) == f"json: cannot unmarshal {kind} into Go value of type api.Request"
+
+
+# -- typed fields ----------------------------------------------------------------------------------
+
+
+def test_get_returns_typed_values_and_defaults() -> None:
+    b = {"model": "a:b", "stream": False, "n": 3, "x": None}
+    assert get(b, "model", str, "GenerateRequest") == "a:b"
+    assert get(b, "stream", bool, "GenerateRequest", True) is False
+    assert get(b, "n", (int, float), "GenerateRequest") == 3
+    assert get(b, "x", str, "GenerateRequest", "dflt") == "dflt"
+    assert get(b, "missing", str, "GenerateRequest", "dflt") == "dflt"
+
+
+@pytest.mark.parametrize(
+    ("value", "kind", "message"),
+    [
+        (3, str, "json: cannot unmarshal number into Go struct field GenerateRequest.f of type string"),
+        (True, int, "json: cannot unmarshal bool into Go struct field GenerateRequest.f of type int"),
+        ("yes", bool, "json: cannot unmarshal string into Go struct field GenerateRequest.f of type bool"),
+        ([1], dict, "json: cannot unmarshal array into Go struct field GenerateRequest.f of type map"),
+        (math.inf, float,
+         "json: cannot unmarshal number into Go struct field GenerateRequest.f of type float64"),
+    ],
+)
+def test_get_wrong_types_get_gos_decoder_error(value: Any, kind: type, message: str) -> None:
+    with pytest.raises(ApiError) as e:
+        get({"f": value}, "f", kind, "GenerateRequest")
+    assert (e.value.status, e.value.message) == (400, message)
