@@ -175,10 +175,16 @@ def test_draft_length_never_exceeds_the_measured_table() -> None:
 
 
 def test_costly_verification_without_evidence_falls_back() -> None:
-    """When verifying k+1 rows costs k+1 steps, no draft pays even at the prior acceptance."""
+    """When verifying k+1 rows costs k+1 steps, no draft pays even at the prior acceptance.
+
+    A free drafter still probes once, in full, before any evidence; a costly one does not."""
     p = plan(LINEAR)
-    assert p.draft_length(0, INF, 100) == 0
+    assert p.draft_length(0, INF, 100) == 8  # the opening probe
     assert p.fallback == "verification too costly on this hardware"
+    assert p.draft_length(0, INF, 100) == 0
+    costly = plan(LINEAR, draft_has_cost=True, t_draft=0.1)
+    assert costly.draft_length(0, INF, 100) == 0
+    assert costly.fallback == "verification too costly on this hardware"
 
 
 def _record_rejections(p: Plan, rounds: int, t_step: Sequence[float]) -> None:
@@ -188,14 +194,14 @@ def _record_rejections(p: Plan, rounds: int, t_step: Sequence[float]) -> None:
 
 
 def test_low_acceptance_on_costly_hardware_backs_off_then_probes_again() -> None:
-    """After rejected drafts on a CPU-like curve the plan stops drafting, but probes with a minimal
-    draft after probe_interval plain steps, then after twice as many."""
+    """After rejected drafts on a CPU-like curve the plan stops drafting, but probes after
+    probe_interval plain steps, then after twice as many (a free drafter probes in full)."""
     p = plan(CPU, probe_interval=4, fallback_rounds=1000)
     assert p.draft_length(0, INF, 100) > 0
     _record_rejections(p, 5, CPU)
     assert p.acceptance == pytest.approx(0.2)  # (0 + 0.7 x 2) / (5 + 2)
     ks = [p.draft_length(i, INF, 100) for i in range(12)]
-    assert ks == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1]
+    assert ks == [0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 8]
     assert p.fallback == "draft does not pay: acceptance 0.20"
 
 

@@ -117,11 +117,14 @@ class Plan:
     _off_until: int = 0
     _backoff: int = 0
     _idle: int = 0
+    _probing: bool = False
 
     @classmethod
     def start(cls, config: SpeculativeConfig, cost: CostModel, draft_has_cost: bool, num_predict: int) -> Plan:
         plan = cls(config, cost, draft_has_cost)
         plan._backoff = config.probe_interval
+        # A free drafter (n-gram) probes on its first proposal: a miss costs one wider batch.
+        plan._idle = plan._backoff if not draft_has_cost else 0
         if 0 <= num_predict < config.min_predict:
             plan.enabled = False
             plan.fallback = f"short output: num_predict {num_predict} < {config.min_predict}"
@@ -162,16 +165,25 @@ class Plan:
                 )
             self._idle += 1
             if self._idle >= self._backoff:
+                # Probe: a free drafter drafts in full so one round is real evidence; a model
+                # drafter, whose every token costs a draft pass, probes short.
                 self._idle = 0
                 self._backoff *= 2
-                return max(1, c.n_min)
+                self._probing = True
+                return k_cap if not self.draft_has_cost else max(c.n_min, min(k_cap, 2))
+        self._probing = False
         return best_k
 
     def record(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, produced: int) -> None:
         """Account one round; drafted = 0 for a plain step."""
         self.cost.observe_step(drafted + 1, verify_seconds)
         if drafted == 0:
+            if self._probing:  # the drafter had nothing to offer: probe again next round
+                self._idle = self._backoff
+                self._backoff //= 2
             return
+        self._probing = False
+        self._idle = 0  # evidence arrived: count plain steps before the next probe anew
         self.cost.observe_draft(drafted, draft_seconds)
         self.rounds += 1
         self.draft_tokens += drafted

