@@ -10,7 +10,16 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from sidecar.engine.adaptive import SpeculativeConfig
 
@@ -149,6 +158,7 @@ PairName = Annotated[str, AfterValidator(_pair_name)]
 class Config(Strict):
     pairs: dict[PairName, Pair] = Field(default_factory=dict)
     upstream: str | None = None
+    upstream_kind: Literal["auto", "ollama", "lmstudio"] | None = None
     listen: str | None = None
     models: dict[str, str] = Field(default_factory=dict)  # store locations: ollama, lmstudio
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from sidecar.engine.llama import Context, ContextParams, Weights, gpu_offload_supported, system_info
 from sidecar.engine.pairing import check_pair
 from sidecar.models.gguf import read_metadata
-from sidecar.models.resolve import ResolvedModel, resolve
+from sidecar.models.resolve import ResolvedModel, Stores, resolve
 from sidecar.runtime.options import Effective
 from sidecar.runtime.worker import Worker, stream
 from sidecar.templates.chat import ChatTemplate, choose
@@ -60,9 +61,9 @@ class PairEntry:
         return max(64, min(n, train) if train else n)
 
 
-def build_entry(name: str, pair: Pair, base: Path | None = None) -> PairEntry:
-    target = resolve(pair.from_, base=base)
-    draft = resolve(pair.draft.from_, base=base) if isinstance(pair.draft, ModelDraft) else None
+def build_entry(name: str, pair: Pair, base: Path | None = None, stores: Stores | None = None) -> PairEntry:
+    target = resolve(pair.from_, base=base, stores=stores)
+    draft = resolve(pair.draft.from_, base=base, stores=stores) if isinstance(pair.draft, ModelDraft) else None
     return PairEntry(name, pair, target, draft, read_metadata(target.path), target.path.stat().st_mtime)
 
 
@@ -71,8 +72,15 @@ class WeightsRegistry:
 
     def __init__(self) -> None:
         self._loaded: dict[tuple[str, int], tuple[Weights, int]] = {}
+        # Targets load on to_thread workers and drafts on model threads, and reloads release from
+        # several threads at once: without the lock two loads of one file could both map it.
+        self._lock = threading.RLock()
 
     def acquire(self, path: Path, n_gpu_layers: int) -> Weights:
+        with self._lock:
+            return self._acquire(path, n_gpu_layers)
+
+    def _acquire(self, path: Path, n_gpu_layers: int) -> Weights:
         key = (str(path.resolve()), n_gpu_layers)
         w, n = self._loaded.get(key, (None, 0))
         if w is None:
@@ -86,6 +94,10 @@ class WeightsRegistry:
         return w
 
     def release(self, w: Weights) -> None:
+        with self._lock:
+            self._release(w)
+
+    def _release(self, w: Weights) -> None:
         for key, (held, n) in list(self._loaded.items()):
             if held is w:
                 if n <= 1:
@@ -99,6 +111,12 @@ class WeightsRegistry:
     def count(self) -> int:
         return len(self._loaded)
 
+    def snapshot(self) -> list[dict[str, Any]]:
+        """What is mapped and how many contexts share it (for /sidecar/status)."""
+        # No lock: this runs on the event loop, and acquire() holds the lock while a model loads.
+        loaded = dict(self._loaded)  # a C-level copy, atomic under the GIL
+        return [{"path": path, "num_gpu": gpu, "refs": n} for (path, gpu), (_, n) in loaded.items()]
+
 
 @dataclass
 class PairEngine:
@@ -107,6 +125,7 @@ class PairEngine:
     decoder: Decoder
     draft_ctx: Context | None
     draft_weights: Weights | None
+    entry: PairEntry | None = None  # the declaration it was built from; a reload compares against it
 
 
 @dataclass
@@ -122,6 +141,37 @@ class Loaded:
     in_flight: int = 0
     timer: asyncio.TimerHandle | None = None
     calibrated: CostModel | None = None
+
+
+@dataclass
+class Changes:
+    """What Runtime.apply did, by pair name (for the reload log line and /sidecar/status)."""
+
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        parts = [f"{k} {', '.join(v)}" for k, v in vars(self).items() if v and k != "kept"]
+        return "; ".join(parts) or "no pair changed"
+
+
+def same_pair(a: PairEntry, b: PairEntry) -> bool:
+    """The same declaration resolving to the same files and store metadata: nothing to do."""
+    return (a.name == b.name and a.config == b.config and a.target == b.target and a.draft == b.draft
+            and a.modified == b.modified)
+
+
+def same_engine(a: PairEntry, b: PairEntry) -> bool:
+    """Whether b can ride on the drafter built for a: only its defaults/template/system differ.
+
+    A PairEngine depends on the target, the draft, the speculative settings and the runtime
+    settings; `parameters`, `template`, `system` and `messages` are read per request."""
+    ca, cb = a.config, b.config
+    return (a.name == b.name and a.target.path == b.target.path and a.modified == b.modified
+            and (a.draft.path if a.draft else None) == (b.draft.path if b.draft else None)
+            and ca.draft == cb.draft and ca.speculative == cb.speculative and ca.runtime == cb.runtime)
 
 
 @dataclass
@@ -142,7 +192,9 @@ class Runtime:
         self._loaded: dict[str, Loaded] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending = 0
+        self.on_load: list[Callable[[str, float, bool], None]] = []  # (pair, seconds, ok), e.g. metrics
         self._backend_logged = False
+        self._reconcile_timer: asyncio.TimerHandle | None = None
 
     # -- pairs ------------------------------------------------------------------------------
     def set_entries(self, entries: dict[str, PairEntry]) -> None:
@@ -156,13 +208,18 @@ class Runtime:
 
     def _key(self, entry: PairEntry) -> str:
         rt = entry.config.runtime
-        return f"{entry.target.path.resolve()}|gpu={rt.num_gpu}|b={rt.num_batch}|fa={rt.flash_attn}|kv={rt.kv_cache_type}"
+        return (f"{entry.target.path.resolve()}|gpu={rt.num_gpu}|b={rt.num_batch}"
+                f"|fa={rt.flash_attn}|kv={rt.kv_cache_type}")
+
+    def loaded_models(self) -> list[Loaded]:
+        """Targets loaded right now (each with its context, thread and pairs)."""
+        return list(self._loaded.values())
 
     def loaded_entries(self) -> list[tuple[PairEntry, Loaded]]:
         out = []
         for e in self.entries.values():
             lm = self._loaded.get(self._key(e))
-            if lm is not None and e.name in lm.pairs:
+            if lm is not None and self._has_engine(lm, e):
                 out.append((e, lm))
         return out
 
@@ -179,12 +236,26 @@ class Runtime:
                 # Like Ollama: a different num_ctx means a reload; in-flight requests finish first.
                 self._unload(lm)
                 lm = None
-            if lm is None:
-                lm = await asyncio.to_thread(self._load_target, entry, key, n_ctx)
-                self._loaded[key] = lm
-            if entry.name not in lm.pairs:
-                lm.pairs[entry.name] = await lm.worker.call(lambda: self._load_pair(entry, lm))
+            loaded = False
+            try:
+                if lm is None:
+                    loaded = True
+                    lm = await asyncio.to_thread(self._load_target, entry, key, n_ctx)
+                    self._loaded[key] = lm
+                if not self._has_engine(lm, entry):
+                    loaded = True
+                    target = lm
+                    self._install(lm, entry, await lm.worker.call(lambda: self._load_pair(entry, target)))
+            except Exception:
+                self._report_load(entry.name, time.perf_counter() - t0, False)
+                raise
+            if loaded:
+                self._report_load(entry.name, time.perf_counter() - t0, True)
         return lm, time.perf_counter() - t0
+
+    def _report_load(self, name: str, seconds: float, ok: bool) -> None:
+        for hook in self.on_load:
+            hook(name, seconds, ok)
 
     def _load_target(self, entry: PairEntry, key: str, n_ctx: int) -> Loaded:
         if not self._backend_logged:
@@ -224,7 +295,7 @@ class Runtime:
                 raise
             drafter = ModelDrafter(draft_ctx, spec.p_min)
         cost = self._cost_model(lm, spec, draft_ctx) if drafter else None
-        return PairEngine(Decoder(lm.ctx, drafter, spec, cost), draft_ctx, draft_w)
+        return PairEngine(Decoder(lm.ctx, drafter, spec, cost), draft_ctx, draft_w, entry)
 
     @staticmethod
     def _cost_model(lm: Loaded, spec: SpeculativeConfig, draft_ctx: Context | None) -> CostModel:
@@ -254,11 +325,8 @@ class Runtime:
             lm.timer.cancel()
 
         def free() -> None:
-            for pe in lm.pairs.values():
-                if pe.draft_ctx is not None:
-                    pe.draft_ctx.close()
-                if pe.draft_weights is not None:
-                    self.weights.release(pe.draft_weights)
+            for pe in list(lm.pairs.values()):
+                self._free_engine(pe)
             lm.ctx.close()
             self.weights.release(lm.weights)
             log.info("unloaded %s", lm.weights.path.name)
@@ -295,6 +363,98 @@ class Runtime:
             lm.timer = asyncio.get_running_loop().call_later(1.0, self._expire, lm)
         elif lm.expires_at is not None and time.time() >= lm.expires_at - 0.01:
             self._unload(lm)
+
+    # -- reloading ----------------------------------------------------------------------------
+    def apply(self, new_entries: dict[str, PairEntry]) -> Changes:
+        """Switch to a new set of pairs without disturbing the ones that did not change.
+
+        Unchanged pairs keep their entry object, loaded target and drafter. A changed or removed
+        pair loses its drafter here, but requests already running hold their own PairEngine and
+        the drafter is freed by a job queued behind them on the model's thread; a target no pair
+        uses any more is unloaded the same way (its queue drains first). Runs on the event loop
+        without awaiting, so no request sees half of the old and half of the new set."""
+        new = {name.lower(): e for name, e in new_entries.items()}
+        changes = Changes()
+        merged: dict[str, PairEntry] = {}
+        for key, entry in new.items():
+            prev = self.entries.get(key)
+            if prev is None:
+                changes.added.append(entry.name)
+            elif same_pair(prev, entry):
+                changes.kept.append(prev.name)
+                entry = prev  # keep the very object: in-flight requests and engines compare by identity
+            else:
+                changes.changed.append(entry.name)
+            merged[key] = entry
+        changes.removed = [e.name for key, e in self.entries.items() if key not in new]
+        self.entries = merged
+        self._reconcile()
+        return changes
+
+    def _has_engine(self, lm: Loaded, entry: PairEntry) -> bool:
+        """Whether lm carries a drafter fit for this declaration of the pair."""
+        pe = lm.pairs.get(entry.name)
+        return pe is not None and (pe.entry is entry or pe.entry is None
+                                   or same_engine(pe.entry, entry))
+
+    def _install(self, lm: Loaded, entry: PairEntry, pe: PairEngine) -> None:
+        """Put a freshly built drafter in place; one it displaces is freed once its users finish.
+
+        Displacement happens when a request that started before a reload loads its (old) pair
+        after the reload dropped it, or the reverse."""
+        old = lm.pairs.get(entry.name)
+        lm.pairs[entry.name] = pe
+        if old is not None and old is not pe:
+            lm.worker.submit(lambda: self._free_engine(old))
+
+    def _free_engine(self, pe: PairEngine) -> None:
+        """Runs on the model's thread, after every job queued before it (so after its streams)."""
+        if pe.draft_ctx is not None:
+            pe.draft_ctx.close()
+        if pe.draft_weights is not None:
+            self.weights.release(pe.draft_weights)
+            log.info("freed draft %s of %s", pe.draft_weights.path.name, pe.entry.name if pe.entry else "?")
+
+    def _drop_engine(self, lm: Loaded, name: str) -> None:
+        pe = lm.pairs.pop(name, None)
+        if pe is not None:
+            lm.worker.submit(lambda: self._free_engine(pe))
+
+    def _reconcile(self) -> None:
+        """Bring what is loaded in line with self.entries (after apply, and retried while busy)."""
+        self._reconcile_timer = None
+        live = {self._key(e) for e in self.entries.values()}
+        busy = False
+        for lm in list(self._loaded.values()):
+            loading = self._locks.get(lm.key)
+            if lm.key not in live:
+                if loading is not None and loading.locked():
+                    # A request is loading onto it: stopping its thread now would strand that
+                    # request's stream job. Look again once the load is through.
+                    busy = True
+                else:
+                    self._unload(lm)
+                continue
+            for name, pe in list(lm.pairs.items()):
+                cur = self.entries.get(name.lower())
+                if cur is not None and cur.name == name and self._key(cur) == lm.key and (
+                        pe.entry is cur or pe.entry is None or same_engine(pe.entry, cur)):
+                    pe.entry = cur  # only per-request defaults changed: keep the drafter
+                else:
+                    self._drop_engine(lm, name)
+        # A target still being loaded for a pair that just went away lands in _loaded later.
+        busy = busy or any(lock.locked() for key, lock in self._locks.items() if key not in live)
+        if busy:
+            self._schedule_reconcile()
+
+    def _schedule_reconcile(self, delay: float = 0.5) -> None:
+        if self._reconcile_timer is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a synchronous caller): nothing can be loading either
+        self._reconcile_timer = loop.call_later(delay, self._reconcile)
 
     # -- generation -------------------------------------------------------------------------
     def template(self, entry: PairEntry, lm: Loaded, override: str | None) -> ChatTemplate:
@@ -343,8 +503,14 @@ class Runtime:
                         else:
                             yield item
 
-                async for item in stream(lm.worker, produce):
-                    yield item
+                # Close the inner stream explicitly: an abandoned async generator is only finalised
+                # by the garbage collector, and until then the worker keeps generating.
+                items = stream(lm.worker, produce)
+                try:
+                    async for item in items:
+                        yield item
+                finally:
+                    await items.aclose()
             finally:
                 lm.in_flight -= 1
                 if self._loaded.get(lm.key) is lm:

@@ -1,0 +1,74 @@
+"""The daemon's own routes, kept outside /api/ so they can never shadow an Ollama route.
+
+GET /sidecar/status answers "did my edit take?" without reading logs: which config is in force
+(path, hash, when it was loaded), the last reload error if the newest edit was refused, reload
+counters, every pair with its state, and what is loaded (targets, mapped weights and how many
+contexts share each, which is how to see that a model shared by several pairs is loaded once).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from sidecar.api.wire import json_response
+from sidecar.config.reload import Reloader
+from sidecar.runtime.manager import PairEntry, Runtime
+
+RELOADER = web.AppKey("sidecar_reloader", Reloader)
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_get("/sidecar/status", status)
+
+
+async def status(request: web.Request) -> web.Response:
+    rt: Runtime = request.app["runtime"]
+    reloader = request.app.get(RELOADER)
+    body: dict[str, Any] = reloader.info() if reloader is not None else {"config": None}
+    pair_errors = reloader.pair_errors if reloader is not None else {}
+    body["pairs"] = pairs(rt, pair_errors)
+    body["models"] = models(rt)
+    body["loaded_weights"] = rt.weights.count
+    body["weights"] = rt.weights.snapshot()
+    return json_response(body)
+
+
+def _draft(entry: PairEntry) -> str | None:
+    d = entry.config.draft
+    if d is None:
+        return None
+    if getattr(d, "type", None) == "ngram":
+        return "ngram"
+    return str(entry.draft.path) if entry.draft is not None else d.from_  # type: ignore[union-attr]
+
+
+def pairs(rt: Runtime, errors: dict[str, str]) -> list[dict[str, Any]]:
+    loaded = {e.name for e, _ in rt.loaded_entries()}
+    out = [{
+        "name": e.name,
+        "state": "loaded" if e.name in loaded else "unloaded",
+        "from": e.config.from_,
+        "target": str(e.target.path),
+        "draft": _draft(e),
+        "error": errors.get(e.name),
+    } for e in rt.entries.values()]
+    served = {e.name for e in rt.entries.values()}
+    out += [{"name": name, "state": "error", "error": err} for name, err in errors.items() if name not in served]
+    return out
+
+
+def models(rt: Runtime) -> list[dict[str, Any]]:
+    """Loaded targets: one context each, the pairs riding on it, requests in flight."""
+    out = []
+    for lm in rt.loaded_models():
+        out.append({
+            "target": str(lm.weights.path),
+            "context_length": lm.ctx.n_ctx,
+            "pairs": sorted(lm.pairs),
+            "in_flight": lm.in_flight,
+            "expires_in": round(lm.expires_at - time.time(), 1) if lm.expires_at is not None else None,
+        })
+    return out
