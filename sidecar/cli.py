@@ -10,11 +10,14 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sidecar import __version__
-from sidecar.config.loader import ConfigError, default_path, load
-from sidecar.config.schema import Config
+from sidecar.config.loader import ConfigError, default_path
 from sidecar.observability.logs import setup_logging
+
+if TYPE_CHECKING:
+    from sidecar.runtime.manager import PairEntry
 
 log = logging.getLogger("sidecar")
 
@@ -71,40 +74,51 @@ def keep_alive_default() -> float:
         return 300.0
 
 
-def build_entries(config: Config, base: Path) -> tuple[dict, list[str]]:
-    from sidecar.runtime.manager import build_entry
-
-    entries, errors = {}, []
-    for name, pair in config.pairs.items():
-        try:
-            entries[name] = build_entry(name, pair, base)
-        except Exception as e:
-            errors.append(f"{name}: {e}")
-    return entries, errors
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from sidecar.api import admin, proxy
     from sidecar.api.app import create_app
+    from sidecar.config.reload import Reloader
+    from sidecar.observability import metrics
+    from sidecar.observability.notify import ServiceNotifier
     from sidecar.runtime.manager import Runtime
 
     path = default_path(args.config)
+    runtime = Runtime(keep_alive=keep_alive_default(), max_queue=int(os.environ.get("OLLAMA_MAX_QUEUE") or 512))
+    reloader = Reloader(path, runtime, watch=not args.no_watch)
     try:
-        config = load(path)
+        config = reloader.load_initial().config  # a missing model is logged; a broken file is fatal
     except ConfigError as e:
         print(f"sidecar: {e}", file=sys.stderr)
         return 2
     host, port = parse_ollama_host(os.environ.get("OLLAMA_HOST") or config.listen)
     host = args.host if args.host is not None else host
     port = args.port if args.port is not None else port
-    runtime = Runtime(keep_alive=keep_alive_default(), max_queue=int(os.environ.get("OLLAMA_MAX_QUEUE") or 512))
-    entries, errors = build_entries(config, path.parent)
-    for err in errors:
-        log.error("pair not served: %s", err)
-    runtime.set_entries(entries)
-    app = create_app(runtime)
-    log.info("spec-sidecar %s serving %d pair(s) from %s on %s:%d", __version__, len(entries), path,
+    try:  # the upstream: --upstream, else SIDECAR_UPSTREAM, else the config's upstream:
+        upstream = proxy.resolve_upstream(args.upstream, None, config.upstream)
+        upstream_kind = proxy.resolve_kind(args.upstream_kind, None, getattr(config, "upstream_kind", None))
+        proxy.check_not_self(upstream, host, port)
+    except ValueError as e:
+        print(f"sidecar: {e}", file=sys.stderr)
+        return 2
+    app = create_app(runtime, bind_host=host, upstream=upstream, upstream_kind=upstream_kind)
+    app[admin.RELOADER] = reloader  # GET /sidecar/status reports the config through it
+    reloader.on_reloaded.append(lambda ok: metrics.observe_config_reload(app, ok))
+    # Under systemd (Type=notify, ExecReload=kill -HUP): RELOADING=1 while a reload runs, then
+    # READY=1 whether or not it worked, so `systemctl reload` always returns. No-ops elsewhere.
+    notifier = ServiceNotifier()
+
+    def serving() -> str:
+        return f"serving {reloader.summary()} on {host or '*'}:{port}"
+
+    def reloaded(_ok: bool) -> None:
+        notifier.ready()
+        notifier.status(serving())
+
+    reloader.on_reloading.append(lambda: notifier.reloading())
+    reloader.on_reloaded.append(reloaded)
+    log.info("spec-sidecar %s serving %d pair(s) from %s on %s:%d", __version__, len(runtime.entries), path,
              host or "*", port)
 
     async def main() -> None:
@@ -117,8 +131,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        # SIGHUP and file events feed the same single-flight reload.
+        loop.add_signal_handler(signal.SIGHUP, reloader.trigger, "signal")
+        await reloader.start()
+        notifier.ready(serving())
+        notifier.start_watchdog()
         await stop.wait()
         log.info("shutting down")
+        notifier.stopping()
+        await reloader.stop()
+        await notifier.stop_watchdog()
         await runner.cleanup()
 
     asyncio.run(main())
@@ -126,26 +148,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    """Validate, resolve every model and check every draft against its target; never serves.
+
+    Prints one row per pair and exits 1 on any problem, so it can gate a deploy or a reload."""
+    from sidecar.config.reload import load_file
+
     path = default_path(args.config)
     try:
-        config = load(path)
+        prepared = load_file(path)
     except ConfigError as e:
         print(f"{e}", file=sys.stderr)
         return 1
-    entries, errors = build_entries(config, path.parent)
-    ok = not errors
+    ok = True
     rows = [("PAIR", "TARGET", "DRAFT", "STATUS")]
-    for name, e in entries.items():
-        draft = e.config.draft
-        dname = "none" if draft is None else ("ngram" if getattr(draft, "type", "") == "ngram" else str(e.draft.path))
-        status = "ok"
-        if e.draft is not None:
-            status = _check_draft(e)
-            ok = ok and status == "ok"
-        rows.append((name, str(e.target.path), dname, status))
-    for err in errors:
-        name, _, msg = err.partition(": ")
-        rows.append((name, "-", "-", f"error: {msg}"))
+    for name, pair in prepared.config.pairs.items():
+        entry = prepared.entries.get(name)
+        draft = pair.draft
+        dname = "none" if draft is None else ("ngram" if getattr(draft, "type", "") == "ngram" else draft.from_)
+        if entry is None:
+            ok = False
+            rows.append((name, pair.from_, dname, f"error: {prepared.errors.get(name, 'not resolved')}"))
+            continue
+        status = _check_draft(entry) if entry.draft is not None else "ok"
+        ok = ok and status == "ok"
+        rows.append((name, str(entry.target.path), str(entry.draft.path) if entry.draft else dname, status))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=False)) + "  " + r[3])
@@ -153,20 +179,23 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _check_draft(entry) -> str:  # type: ignore[no-untyped-def]
+def _check_draft(entry: PairEntry) -> str:
+    """llama.cpp's draft/target vocabulary rules, on the real files (CPU only, memory-mapped)."""
     from sidecar.engine.llama import Weights
-    from sidecar.engine.pairing import IncompatibleDraft, check_pair
+    from sidecar.engine.pairing import check_pair
 
-    target = Weights(entry.target.path, n_gpu_layers=0)
-    draft = Weights(entry.draft.path, n_gpu_layers=0)
+    assert entry.draft is not None
+    loaded: list[Weights] = []
     try:
-        check_pair(target, draft)
+        for p in (entry.target.path, entry.draft.path):
+            loaded.append(Weights(p, n_gpu_layers=0))
+        check_pair(*loaded)
         return "ok"
-    except IncompatibleDraft as e:
+    except Exception as e:  # IncompatibleDraft, or llama.cpp cannot load one of them
         return f"error: {e}"
     finally:
-        draft.close()
-        target.close()
+        for w in loaded:
+            w.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--config", help="pairs.yaml (default: ./pairs.yaml, else the bundled demo)")
     s.add_argument("--host", help="listen address (default: from OLLAMA_HOST, else 127.0.0.1)")
     s.add_argument("--port", type=int, help="listen port (default: from OLLAMA_HOST, else 11434)")
+    s.add_argument("--upstream", help="the real Ollama for everything that is not a pair, e.g. "
+                   "http://127.0.0.1:11435 (default: SIDECAR_UPSTREAM, else upstream: in the config)")
+    s.add_argument("--upstream-kind", choices=("auto", "ollama", "lmstudio"),
+                   help="ollama, or lmstudio (serves /v1 only); default: detected")
+    s.add_argument("--no-watch", action="store_true",
+                   help="do not watch the config file (SIGHUP still reloads it)")
     c = sub.add_parser("check", help="validate pairs.yaml, resolve models, check draft pairing")
     c.add_argument("--config")
     b = sub.add_parser("bench", help="side-by-side speculative vs target-only benchmark")

@@ -105,6 +105,8 @@ pairs:
     parameters:
       temperature: 0
       num_ctx: 256
+    runtime:
+      num_thread: 1
   smollm2:135m:
     from: {SMOLLM2_REF}
     draft: ngram

@@ -12,6 +12,11 @@ import pytest
 from tests.conftest import Daemon
 
 TINY = "tiny:test"
+TIMEOUT = 120  # generous: CI machines are small and may be busy
+
+
+def post(url: str, **kw: object) -> httpx.Response:
+    return httpx.post(url, timeout=TIMEOUT, **kw)  # type: ignore[arg-type]
 GREEDY = {"temperature": 0, "num_predict": 24}
 
 
@@ -65,7 +70,7 @@ def test_chat_streaming_and_not(client: ollama.Client) -> None:
 
 
 def test_raw_wire_format(daemon: Daemon) -> None:
-    r = httpx.post(daemon.url + "/api/generate", json={"model": TINY, "prompt": "x", "options": GREEDY})
+    r = post(daemon.url + "/api/generate", json={"model": TINY, "prompt": "x", "options": GREEDY})
     assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
     lines = ndjson_lines(r)
     assert [k for k in lines[0]] == ["model", "created_at", "response", "done"]
@@ -74,7 +79,7 @@ def test_raw_wire_format(daemon: Daemon) -> None:
     assert final["created_at"].endswith("Z")
     for k in ("draft_tokens", "draft_accepted_tokens", "draft_rounds", "fallback"):
         assert k in final
-    chat = httpx.post(daemon.url + "/api/chat", json={
+    chat = post(daemon.url + "/api/chat", json={
         "model": TINY, "messages": [{"role": "user", "content": "x"}], "options": GREEDY, "stream": False})
     body = chat.json()
     assert chat.headers["content-type"].startswith("application/json")
@@ -139,14 +144,14 @@ def test_keep_alive_zero_unloads_after_request(client: ollama.Client) -> None:
 
 
 def test_debug_render_only(daemon: Daemon) -> None:
-    r = httpx.post(daemon.url + "/api/chat", json={
+    r = post(daemon.url + "/api/chat", json={
         "model": TINY, "messages": [{"role": "user", "content": "Hi"}], "_debug_render_only": True})
     assert r.status_code == 200
     assert r.json()["_debug_info"]["rendered_template"] == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_template_and_system_overrides(daemon: Daemon) -> None:
-    r = httpx.post(daemon.url + "/api/generate", json={
+    r = post(daemon.url + "/api/generate", json={
         "model": TINY, "prompt": "P", "system": "S", "template": "[{{ .System }}|{{ .Prompt }}]",
         "_debug_render_only": True})
     assert r.json()["_debug_info"]["rendered_template"] == "[S|P]"
@@ -171,7 +176,7 @@ def test_template_and_system_overrides(daemon: Daemon) -> None:
      "invalid think value"),
 ])
 def test_errors_have_ollamas_shape(daemon: Daemon, path: str, body: dict, status: int, message: str) -> None:
-    r = httpx.post(daemon.url + path, json=body)
+    r = post(daemon.url + path, json=body)
     assert r.status_code == status
     assert r.headers["content-type"].startswith("application/json")
     assert message in r.json()["error"]
@@ -179,15 +184,15 @@ def test_errors_have_ollamas_shape(daemon: Daemon, path: str, body: dict, status
 
 def test_malformed_bodies(daemon: Daemon) -> None:
     for raw, msg in ((b"", "missing request body"), (b"{not json", "invalid JSON"), (b"[1,2]", "cannot unmarshal")):
-        r = httpx.post(daemon.url + "/api/generate", content=raw)
+        r = post(daemon.url + "/api/generate", content=raw)
         assert r.status_code == 400 and msg in r.json()["error"]
 
 
 def test_prompt_longer_than_context(daemon: Daemon) -> None:
-    r = httpx.post(daemon.url + "/api/generate", json={"model": TINY, "prompt": "long " * 400, "stream": False})
+    r = post(daemon.url + "/api/generate", json={"model": TINY, "prompt": "long " * 400, "stream": False})
     assert r.status_code == 400 and "context" in r.json()["error"]
     # ...and the daemon keeps serving.
-    ok = httpx.post(daemon.url + "/api/generate", json={"model": TINY, "prompt": "x", "options": GREEDY,
+    ok = post(daemon.url + "/api/generate", json={"model": TINY, "prompt": "x", "options": GREEDY,
                                                          "stream": False})
     assert ok.status_code == 200 and ok.json()["done"]
 
@@ -201,7 +206,7 @@ def test_disconnect_stops_generation(daemon: Daemon) -> None:
     """A client that goes away frees the model within a decode step, not after num_predict tokens."""
     n = 1500
     opts = {"temperature": 0, "num_predict": 32, "draft_num_predict": 0}
-    warm = httpx.post(daemon.url + "/api/generate", timeout=300, json={
+    warm = post(daemon.url + "/api/generate", json={
         "model": "smollm2:135m", "prompt": "Count from one to ten.", "stream": False, "options": opts}).json()
     per_token = warm["eval_duration"] / warm["eval_count"] / 1e9
     body = {"model": "smollm2:135m", "prompt": "Count from one to ten thousand.", "options": {**opts, "num_predict": n}}
@@ -210,7 +215,7 @@ def test_disconnect_stops_generation(daemon: Daemon) -> None:
         for _ in range(3):
             assert json.loads(next(lines))["done"] is False
     t0 = time.monotonic()
-    r2 = httpx.post(daemon.url + "/api/generate", timeout=300, json={
+    r2 = post(daemon.url + "/api/generate", json={
         "model": "smollm2:135m", "prompt": "hi", "stream": False, "options": {"num_predict": 4}})
     assert r2.status_code == 200 and r2.json()["done"]
     # The next request did not wait for the abandoned one's remaining tokens.
@@ -222,9 +227,26 @@ def test_requests_for_one_model_queue(daemon: Daemon) -> None:
     import concurrent.futures
 
     def one(i: int) -> dict:
-        return httpx.post(daemon.url + "/api/generate", timeout=120, json={
+        return post(daemon.url + "/api/generate", json={
             "model": TINY, "prompt": f"q{i}", "stream": False, "options": GREEDY}).json()
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         results = list(pool.map(one, range(8)))
     assert all(r["done"] for r in results)
+
+
+def test_ollama_keep_alive_sets_the_default(tmp_path, tiny) -> None:  # type: ignore[no-untyped-def]
+    from tests.conftest import write_config
+
+    cfg = write_config(tmp_path / "pairs.yaml", f"pairs:\n  tiny:ka:\n    from: {tiny}\n")
+    d = Daemon(cfg, env={"OLLAMA_KEEP_ALIVE": "1s"})
+    try:
+        client = ollama.Client(host=d.url)
+        client.generate(model="tiny:ka", prompt="x", options=GREEDY)
+        assert "tiny:ka" in [m.model for m in client.ps().models]
+        deadline = time.monotonic() + 10
+        while "tiny:ka" in [m.model for m in client.ps().models]:
+            assert time.monotonic() < deadline, "OLLAMA_KEEP_ALIVE=1s was not applied"
+            time.sleep(0.2)
+    finally:
+        d.stop()

@@ -53,7 +53,7 @@ def test_pairing_accepts_the_same_vocabulary(tiny_pair: tuple[Path, Path]) -> No
 
 def test_a_draft_that_never_agrees_falls_back(tiny: Path, stranger: Path) -> None:
     tw, dw = Weights(tiny, n_gpu_layers=0), Weights(stranger, n_gpu_layers=0)
-    ctx, dctx = Context(tw, ContextParams(n_ctx=512)), Context(dw, ContextParams(n_ctx=512))
+    ctx, dctx = Context(tw, ContextParams(n_ctx=512, n_threads=1)), Context(dw, ContextParams(n_ctx=512, n_threads=1))
     try:
         config = SpeculativeConfig(n_max=4, p_min=0.0)
         cost = CostModel(config.n_max + 1)

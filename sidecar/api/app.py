@@ -6,8 +6,9 @@ import logging
 
 from aiohttp import web
 
-from sidecar.api import ollama
+from sidecar.api import admin, guard, ollama, openai, proxy
 from sidecar.api.wire import ApiError, error_response
+from sidecar.observability import metrics
 from sidecar.runtime.manager import Runtime
 
 log = logging.getLogger("sidecar.api")
@@ -37,17 +38,33 @@ async def ollama_errors(request: web.Request, handler):  # type: ignore[no-untyp
         return error_response(500, f"internal error: {e}")
 
 
-def create_app(runtime: Runtime) -> web.Application:
-    app = web.Application(middlewares=[ollama_errors], client_max_size=MAX_BODY)
+def create_app(runtime: Runtime, *, bind_host: str = "127.0.0.1", upstream: str | None = None,
+               upstream_kind: proxy.Kind = "auto") -> web.Application:
+    """`bind_host` is the listen address: on loopback the Host-header (DNS-rebinding) check is on.
+    `upstream`: the real Ollama (or LM Studio) that serves everything that is not a pair."""
+    app = web.Application(middlewares=[metrics.middleware, *guard.middlewares(bind_host), ollama_errors],
+                          client_max_size=MAX_BODY)
+    app.on_response_prepare.append(guard.on_response_prepare)
     app["runtime"] = runtime
+    metrics.setup(app)
+    proxy.setup(app, upstream, upstream_kind)
     r = app.router
     r.add_get("/", ollama.root)  # add_get answers HEAD too, as Ollama does
     r.add_get("/api/version", ollama.version)
     r.add_get("/api/tags", ollama.tags)
     r.add_get("/api/ps", ollama.ps)
-    r.add_post("/api/show", ollama.show)
-    r.add_post("/api/generate", ollama.generate)
-    r.add_post("/api/chat", ollama.chat)
+    # Model routes: pairs here, other models forwarded to the upstream.
+    r.add_post("/api/show", proxy.pair_or_forward(ollama.show, "model", "name"))
+    r.add_post("/api/generate", proxy.pair_or_forward(ollama.generate))
+    r.add_post("/api/chat", proxy.pair_or_forward(ollama.chat))
+    r.add_post("/api/embed", proxy.embeddings)
+    r.add_post("/api/embeddings", proxy.embeddings)
+    for path in ("/api/pull", "/api/push", "/api/create", "/api/copy"):
+        r.add_post(path, proxy.manage)
+    r.add_delete("/api/delete", proxy.manage)
+    openai.setup(app)  # /v1: pairs here, other models forwarded
+    admin.setup(app)  # /sidecar/status, outside /api/
+    proxy.add_catch_all(app)  # everything else goes to the upstream (or gin's 404 without one)
 
     async def shutdown(_: web.Application) -> None:
         await runtime.unload_all()

@@ -9,12 +9,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import structlog
 from aiohttp import web
 
+from sidecar.api import generation, proxy
+from sidecar.api.generation import Generation, Render, api_error, client_gone
 from sidecar.api.wire import (
     NDJSON,
     ApiError,
@@ -27,13 +27,9 @@ from sidecar.api.wire import (
     parse_duration,
     read_body,
 )
-from sidecar.engine.decoder import PromptTooLong
-from sidecar.runtime.manager import Loaded, Outcome, PairEntry, Runtime, ServerBusy
-from sidecar.runtime.options import OptionError, coerce, effective
-from sidecar.templates.chat import TemplateError
+from sidecar.runtime.manager import Loaded, Outcome, PairEntry, Runtime
 
 log = logging.getLogger("sidecar.api")
-requests_log = structlog.get_logger("sidecar.request")
 
 OLLAMA_VERSION = "0.12.6"  # what /api/version answers when no upstream tells us better
 
@@ -47,7 +43,13 @@ async def root(_: web.Request) -> web.Response:
     return web.Response(text="Ollama is running", content_type="text/plain")
 
 
-async def version(_: web.Request) -> web.Response:
+async def version(request: web.Request) -> web.Response:
+    """The upstream's version when it answers (clients gate features on it), else our own."""
+    up = proxy.upstream_of(request)
+    if up is not None and await up.flavour() == "ollama":
+        theirs = await up.get_json(request, "/api/version")
+        if isinstance(theirs, dict) and isinstance(theirs.get("version"), str):
+            return json_response({"version": theirs["version"]})
     return json_response({"version": OLLAMA_VERSION})
 
 
@@ -98,9 +100,22 @@ def model_listing(entry: PairEntry) -> dict[str, Any]:
     }
 
 
+async def _upstream_models(request: web.Request, path: str) -> list[dict[str, Any]]:
+    """The upstream's listing minus the names a pair shadows (each name appears once: the pair)."""
+    up = proxy.upstream_of(request)
+    if up is None or await up.flavour() != "ollama":
+        return []  # LM Studio's models are reachable through /v1 only; /v1/models lists them
+    theirs = await up.get_json(request, path)
+    items = theirs.get("models") if isinstance(theirs, dict) else None
+    rt = runtime_of(request)
+    return [m for m in items if isinstance(m, dict) and not rt.find(str(m.get("model") or m.get("name") or ""))] \
+        if isinstance(items, list) else []
+
+
 async def tags(request: web.Request) -> web.Response:
     rt = runtime_of(request)
-    return json_response({"models": [model_listing(e) for e in rt.entries.values()]})
+    ours = [model_listing(e) for e in rt.entries.values()]
+    return json_response({"models": ours + await _upstream_models(request, "/api/tags")})
 
 
 async def ps(request: web.Request) -> web.Response:
@@ -115,7 +130,7 @@ async def ps(request: web.Request) -> web.Response:
         item["context_length"] = lm.ctx.n_ctx
         models.append(item)
     models.sort(key=lambda m: m["expires_at"], reverse=True)
-    return json_response({"models": models})
+    return json_response({"models": models + await _upstream_models(request, "/api/ps")})
 
 
 async def show(request: web.Request) -> web.Response:
@@ -234,13 +249,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if not prompt and not context:
         return await _load_or_unload(request, rt, entry, keep_alive, chat=False)
 
-    messages: list[dict[str, Any]] = []
-    sys_text = system if system is not None else (entry.config.system or entry.target.system)
-    if sys_text:
-        messages.append({"role": "system", "content": sys_text})
-    if context is None:
-        messages += [m.model_dump() for m in entry.config.messages] or list(entry.target.messages)
-    messages.append({"role": "user", "content": prompt})
+    messages = generation.completion_messages(entry, prompt, system, with_history=context is None)
 
     def render(lm: Loaded) -> tuple[str, list[int] | None]:
         if raw:
@@ -276,11 +285,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     stream = _stream(body, S)
     if not messages:
         return await _load_or_unload(request, rt, entry, keep_alive, chat=True)
-    history = [m.model_dump() for m in entry.config.messages] or list(entry.target.messages)
-    sys_text = entry.config.system or entry.target.system
-    full = history + messages
-    if sys_text and messages[0]["role"] != "system":
-        full = [{"role": "system", "content": sys_text}, *full]
+    full = generation.chat_messages(entry, messages)
 
     def render(lm: Loaded) -> tuple[str, list[int] | None]:
         return rt.template(entry, lm, None).render(full), None
@@ -315,103 +320,47 @@ async def _load_or_unload(request: web.Request, rt: Runtime, entry: PairEntry, k
     return web.Response(text=line(c).decode(), content_type="application/json")
 
 
-async def _run(request: web.Request, rt: Runtime, entry: PairEntry, body: dict[str, Any],
-               render: Callable[[Loaded], tuple[str, list[int] | None]], stream: bool,
-               keep_alive: float | None, t_start: float, *, chat: bool,
+async def _run(request: web.Request, rt: Runtime, entry: PairEntry, body: dict[str, Any], render: Render,
+               stream: bool, keep_alive: float | None, t_start: float, *, chat: bool,
                with_context: bool = False) -> web.StreamResponse:
-    try:
-        opts = effective(entry.params, coerce(body.get("options")))
-    except OptionError as e:
-        raise ApiError(400, str(e)) from None
+    opts = generation.options(entry, body.get("options"))
 
     if body.get("_debug_render_only"):
         lm, _ = await rt.load(entry, opts.num_ctx)
-        text, _ = _render(render, lm)
+        text, _ = generation.render(render, lm)
         return json_response({"model": entry.name, "created_at": now_utc(),
-                                  "_debug_info": {"rendered_template": text}})
+                              "_debug_info": {"rendered_template": text}})
 
-    def prompt_of(lm: Loaded) -> tuple[str, list[int] | None]:
-        return _render(render, lm)
-
-    events = rt.generate(entry, prompt_of, opts, keep_alive)
+    # Nothing is sent until the first event, so early errors keep their status code.
+    gen = await Generation.start(rt, entry, render, opts, keep_alive)
     if not stream:
-        parts: list[str] = []
-        outcome: Outcome | None = None
-        try:
-            async for ev in events:
-                if isinstance(ev, Outcome):
-                    outcome = ev
-                else:
-                    parts.append(ev)
-        except Exception as e:
-            raise _api_error(e) from e
-        assert outcome is not None
-        _log_request(request, entry, outcome, "ok")
-        final = _chunk(entry, chat, "".join(parts), True)
+        text, outcome = await gen.text()
+        gen.finish(request, entry)
+        final = _chunk(entry, chat, text, True)
         final.update(_final_fields(outcome, t_start, with_context))
         return web.Response(text=line(final).decode(), content_type="application/json")
 
-    # Streaming: nothing is sent until the first event, so early errors keep their status code.
-    it: AsyncIterator[str | Outcome] = events.__aiter__()
-    try:
-        first = await it.__anext__()
-    except Exception as e:
-        raise _api_error(e) from e
     resp = web.StreamResponse(headers={"Content-Type": NDJSON})
     await resp.prepare(request)
-    ev: str | Outcome = first
     try:
-        while True:
-            if isinstance(ev, Outcome):
-                final = _chunk(entry, chat, "", True)
-                final.update(_final_fields(ev, t_start, with_context))
-                await resp.write(line(final))
-                _log_request(request, entry, ev, "ok")
-                break
-            if request.transport is None or request.transport.is_closing():
+        async for piece in gen.pieces():
+            if client_gone(request):
                 raise ConnectionResetError("client went away")
-            await resp.write(line(_chunk(entry, chat, ev, False)))
-            ev = await it.__anext__()
+            await resp.write(line(_chunk(entry, chat, piece, False)))
+        assert gen.outcome is not None
+        final = _chunk(entry, chat, "", True)
+        final.update(_final_fields(gen.outcome, t_start, with_context))
+        await resp.write(line(final))
+        gen.finish(request, entry)
     except (ConnectionResetError, ConnectionError):
-        log.info("client went away; generation stopped")
-        await it.aclose()  # type: ignore[attr-defined]
+        gen.disconnected(request, entry)
+        await gen.aclose()
         return resp
     except Exception as e:  # after the first byte: one last error line, no done:true
         log.exception("generation failed mid-stream")
-        await resp.write(line({"error": _api_error(e).message}))
+        await resp.write(line({"error": api_error(e).message}))
     await resp.write_eof()
     return resp
-
-
-def _log_request(request: web.Request, entry: PairEntry, o: Outcome, status: str) -> None:
-    """The one summary line per request: what it cost and whether speculation paid."""
-    r = o.result
-    requests_log.info(
-        "request", path=request.path, model=entry.name, status=status, done_reason=r.done_reason,
-        prompt_tokens=r.prompt_tokens, tokens=len(r.tokens),
-        tok_s=round(len(r.tokens) / r.eval_seconds, 1) if r.eval_seconds > 0 else 0.0,
-        drafter=r.drafter, draft_tokens=r.draft_tokens, draft_accepted_tokens=r.draft_accepted_tokens,
-        draft_rounds=r.draft_rounds,
-        acceptance=round(r.draft_accepted_tokens / r.draft_tokens, 3) if r.draft_tokens else None,
-        fallback=r.fallback,
-    )
-
-
-def _render(render: Callable[[Loaded], tuple[str, list[int] | None]], lm: Loaded) -> tuple[str, list[int] | None]:
-    try:
-        return render(lm)
-    except TemplateError as e:
-        raise ApiError(400, f"template error: {e}") from None
-
-
-def _api_error(e: BaseException) -> ApiError:
-    if isinstance(e, ApiError):
-        return e
-    if isinstance(e, PromptTooLong):
-        return ApiError(400, str(e))
-    if isinstance(e, ServerBusy):
-        return ApiError(503, str(e))
-    return ApiError(500, f"an error was encountered while running the model: {e}")
 
 
 def _final_fields(o: Outcome, t_start: float, with_context: bool) -> dict[str, Any]:

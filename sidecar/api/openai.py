@@ -1,0 +1,348 @@
+"""The OpenAI-compatible /v1 API for pairs, as Ollama serves it (ollama-api.md §10).
+
+Editors, agents and SDKs that speak OpenAI reach Ollama at /v1, so pairs must answer there too.
+Requests map onto the same generation as /api/chat and /api/generate (sidecar.api.generation),
+with Ollama's /v1 defaults: temperature and top_p 1.0 when absent, `max_tokens` as num_predict,
+`stream` false by default. Errors use OpenAI's envelope, which the SDKs parse.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from sidecar.api import generation, proxy
+from sidecar.api.generation import Generation, Render, api_error, client_gone
+from sidecar.api.wire import ApiError, dumps, json_response, read_body
+from sidecar.runtime.manager import Loaded, Outcome, PairEntry, Runtime
+
+log = logging.getLogger("sidecar.api")
+
+SSE = "text/event-stream"
+FINGERPRINT = "fp_ollama"  # what Ollama sends; clients that branch on it see Ollama
+
+
+def errors(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
+    """Every failure on a /v1 route as OpenAI's {"error": {message, type, param, code}}."""
+
+    @functools.wraps(handler)
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return proxy.openai_error(e.status, e.message)
+        except web.HTTPRequestEntityTooLarge:
+            return proxy.openai_error(413, "request body too large")
+        except Exception as e:
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            return proxy.openai_error(500, f"internal error: {e}")
+
+    return wrapped
+
+
+def runtime_of(request: web.Request) -> Runtime:
+    return request.app["runtime"]
+
+
+# -- request fields --------------------------------------------------------------------------------
+def _number(body: dict[str, Any], key: str) -> float | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ApiError(400, f"invalid {key}: must be a number")
+    return float(v)
+
+
+def _integer(body: dict[str, Any], key: str) -> int | None:
+    v = _number(body, key)
+    if v is None:
+        return None
+    if v != int(v):
+        raise ApiError(400, f"invalid {key}: must be an integer")
+    return int(v)
+
+
+def _stop(body: dict[str, Any]) -> list[str] | None:
+    v = body.get("stop")
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, list) and all(isinstance(s, str) for s in v):
+        return v
+    raise ApiError(400, "invalid stop: must be a string or a list of strings")
+
+
+def _stream(body: dict[str, Any]) -> tuple[bool, bool]:
+    """(stream, include_usage)."""
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "invalid stream: must be a boolean")
+    so = body.get("stream_options")
+    include_usage = stream and isinstance(so, dict) and so.get("include_usage") is True
+    return stream, include_usage
+
+
+def _check_response_format(body: dict[str, Any]) -> None:
+    rf = body.get("response_format")
+    if rf is None:
+        return
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind == "text":
+        return
+    if kind in ("json_object", "json_schema"):
+        raise ApiError(400, f"response_format {kind} is not supported for speculative pairs yet")
+    raise ApiError(400, "invalid response_format: type must be text, json_object or json_schema")
+
+
+def sampling(body: dict[str, Any], *, completion: bool) -> dict[str, Any]:
+    """The request's options layer, with Ollama's /v1 defaults (they override the pair's own)."""
+    opts: dict[str, Any] = {}
+    max_tokens = _integer(body, "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens")
+    if max_tokens is not None:
+        opts["num_predict"] = max_tokens
+    temperature = _number(body, "temperature")
+    opts["temperature"] = 1.0 if temperature is None else temperature
+    top_p = _number(body, "top_p")
+    opts["top_p"] = 1.0 if top_p is None or (completion and top_p == 0) else top_p
+    seed = _integer(body, "seed")
+    if seed is not None:
+        opts["seed"] = seed
+    for key in ("frequency_penalty", "presence_penalty"):
+        if (v := _number(body, key)) is not None:
+            opts[key] = v
+    if (stop := _stop(body)) is not None:
+        opts["stop"] = stop
+    return opts
+
+
+def _find(request: web.Request, body: dict[str, Any]) -> PairEntry:
+    name = body.get("model")
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, "model is required")
+    entry = runtime_of(request).find(name)
+    if entry is None:
+        raise ApiError(404, f"model '{name}' not found")
+    return entry
+
+
+def _messages(entry: PairEntry, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """OpenAI messages as Ollama's: a content array becomes one message per text part."""
+    raw = body.get("messages")
+    if raw is None or raw == []:
+        raise ApiError(400, "[] is too short - 'messages'")
+    if not isinstance(raw, list):
+        raise ApiError(400, "invalid messages: must be an array")
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, f"invalid message {i}: must be an object with a role")
+        role = m["role"].lower()
+        content = m.get("content")
+        if content is None or isinstance(content, str):
+            out.append({"role": role, "content": content or ""})
+        elif isinstance(content, list):
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "text" and isinstance(part.get("text"), str):
+                    out.append({"role": role, "content": part["text"]})
+                elif kind in ("image_url", "input_audio"):
+                    what = "images" if kind == "image_url" else "audio"
+                    raise ApiError(400, f'"{entry.name}" does not support {what}')
+                else:
+                    raise ApiError(400, f"invalid message {i}: unsupported content part")
+        else:
+            raise ApiError(400, f"invalid message {i}: content must be a string or an array")
+    return out
+
+
+# -- responses -------------------------------------------------------------------------------------
+def _finish(o: Outcome) -> str:
+    return "length" if o.result.done_reason == "length" else "stop"
+
+
+def _usage(o: Outcome) -> dict[str, int]:
+    prompt, completion = o.result.prompt_tokens, len(o.result.tokens)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _event(obj: Any) -> bytes:
+    return f"data: {dumps(obj)}\n\n".encode("ascii")
+
+
+class _Shape:
+    """What differs between chat.completion and text_completion: ids, objects, choice bodies."""
+
+    def __init__(self, chat: bool, entry: PairEntry) -> None:
+        self.chat = chat
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{random.randrange(1000)}"  # Ollama: rand.Intn(999)
+        self.model = entry.name
+        self.created = int(time.time())
+
+    def envelope(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": FINGERPRINT}
+
+    def whole(self, text: str, o: Outcome) -> dict[str, Any]:
+        if self.chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                      "finish_reason": _finish(o)}
+            out = self.envelope("chat.completion")
+        else:
+            choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": _finish(o)}
+            out = self.envelope("text_completion")
+        return {**out, "choices": [choice], "usage": _usage(o)}
+
+    def chunk(self, piece: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
+        """A streamed piece (finish None), or the closing chunk (piece None)."""
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if first:
+                delta["role"] = "assistant"
+            if piece is not None:
+                delta["content"] = piece
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"text": piece or "", "index": 0, "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        return {**self.envelope(obj), "choices": [choice]}
+
+    def usage_chunk(self, o: Outcome) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self.envelope(obj), "choices": [], "usage": _usage(o)}
+
+
+async def _respond(request: web.Request, rt: Runtime, entry: PairEntry, render: Render, opts_layer: dict[str, Any],
+                   stream: bool, include_usage: bool, *, chat: bool) -> web.StreamResponse:
+    opts = generation.options(entry, opts_layer)
+    shape = _Shape(chat, entry)
+    gen = await Generation.start(rt, entry, render, opts, None)  # errors before any byte keep their status
+    if not stream:
+        text, outcome = await gen.text()
+        gen.finish(request, entry)
+        return json_response(shape.whole(text, outcome))
+
+    resp = web.StreamResponse(headers={"Content-Type": SSE})
+    await resp.prepare(request)
+    first = True
+    try:
+        async for piece in gen.pieces():
+            if client_gone(request):
+                raise ConnectionResetError("client went away")
+            await resp.write(_event(shape.chunk(piece, None, first)))
+            first = False
+        o = gen.outcome
+        assert o is not None
+        await resp.write(_event(shape.chunk(None, _finish(o), first)))  # chat: delta {} (role if nothing came)
+        if include_usage:
+            await resp.write(_event(shape.usage_chunk(o)))
+        await resp.write(b"data: [DONE]\n\n")
+        gen.finish(request, entry)
+    except (ConnectionResetError, ConnectionError):
+        gen.disconnected(request, entry)
+        await gen.aclose()
+        return resp
+    except Exception as e:  # after the first byte: one error event, then close (no [DONE])
+        log.exception("generation failed mid-stream")
+        err = api_error(e)
+        await resp.write(_event({"error": {"message": err.message, "type": "api_error", "param": None,
+                                           "code": None}}))
+    await resp.write_eof()
+    return resp
+
+
+# -- routes ------------------------------------------------------------------------------------------
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    body = await read_body(request)
+    entry = _find(request, body)
+    messages = _messages(entry, body)
+    if body.get("tools"):
+        raise ApiError(400, f"{entry.name} does not support tools")
+    _check_response_format(body)
+    opts = sampling(body, completion=False)
+    stream, include_usage = _stream(body)
+    rt = runtime_of(request)
+    full = generation.chat_messages(entry, messages)
+
+    def render(lm: Loaded) -> tuple[str, list[int] | None]:
+        return rt.template(entry, lm, None).render(full), None
+
+    return await _respond(request, rt, entry, render, opts, stream, include_usage, chat=True)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    body = await read_body(request)
+    entry = _find(request, body)
+    prompt = body.get("prompt", "")
+    if not isinstance(prompt, str):
+        raise ApiError(400, "prompt must be a string")
+    if body.get("suffix"):
+        raise ApiError(400, f'"{entry.name}" does not support insert')
+    _check_response_format(body)
+    opts = sampling(body, completion=True)
+    stream, include_usage = _stream(body)
+    rt = runtime_of(request)
+    # Like Ollama, /v1/completions goes through the template (it is /api/generate without raw).
+    messages = generation.completion_messages(entry, prompt)
+
+    def render(lm: Loaded) -> tuple[str, list[int] | None]:
+        return rt.template(entry, lm, None).render(messages), None
+
+    return await _respond(request, rt, entry, render, opts, stream, include_usage, chat=False)
+
+
+def owned_by(name: str) -> str:
+    """Ollama's owned_by: the namespace of the name (`library`, `user`, `x` for `hf.co/x/y`)."""
+    parts = name.split(":", 1)[0].split("/")
+    return parts[-2] if len(parts) >= 2 else "library"
+
+
+def model_object(entry: PairEntry) -> dict[str, Any]:
+    return {"id": entry.name, "object": "model", "created": int(entry.modified), "owned_by": owned_by(entry.name)}
+
+
+async def models(request: web.Request) -> web.Response:
+    """The pairs, then the upstream's models that no pair shadows."""
+    rt = runtime_of(request)
+    data = [model_object(e) for e in rt.entries.values()]
+    up = proxy.upstream_of(request)
+    if up is not None:
+        theirs = await up.get_json(request, "/v1/models")
+        ours = {e.name.lower() for e in rt.entries.values()}
+        items = theirs.get("data") if isinstance(theirs, dict) else None
+        for m in items if isinstance(items, list) else []:
+            if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"].lower() not in ours:
+                data.append(m)
+    return json_response({"object": "list", "data": data})
+
+
+async def model(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["model"]
+    entry = runtime_of(request).find(name)
+    if entry is not None:
+        return json_response(model_object(entry))
+    up = proxy.upstream_of(request)
+    if up is not None:
+        return await up.forward(request)
+    raise ApiError(404, f"model '{name}' not found")
+
+
+def setup(app: web.Application) -> None:
+    """The /v1 routes: pairs here, other models forwarded (proxy.pair_or_forward)."""
+    r = app.router
+    r.add_post("/v1/chat/completions", errors(proxy.pair_or_forward(chat_completions)))
+    r.add_post("/v1/completions", errors(proxy.pair_or_forward(completions)))
+    r.add_post("/v1/embeddings", errors(proxy.embeddings))
+    r.add_get("/v1/models", errors(models))
+    r.add_get("/v1/models/{model:.+}", errors(model))

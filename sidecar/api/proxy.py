@@ -1,0 +1,446 @@
+"""The upstream: the real Ollama (or LM Studio), moved to another port, behind the sidecar.
+
+The sidecar takes 127.0.0.1:11434, so everything it does not serve itself must reach the real
+server unchanged, or clients that pull, embed or chat with ordinary models break. Forwarding is a
+byte pipe: method, path, query, headers (minus hop-by-hop ones and Host) and body go up, and the
+upstream's status, headers and body come back, streamed both ways chunk by chunk. A model pull or
+a first load takes minutes, so there is a connect timeout but no total one; a client that goes
+away closes the upstream request, so the real server stops working for nobody.
+
+LM Studio speaks only the OpenAI-compatible /v1 API. Against it, /v1 is forwarded and native
+/api calls for models that are not pairs get a clear error instead of LM Studio's "Unexpected
+endpoint" answered with status 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Literal, TypeVar
+
+import aiohttp
+from aiohttp import hdrs, web
+from multidict import CIMultiDict
+from yarl import URL
+
+from sidecar.api.wire import ApiError, dumps, error_response
+from sidecar.observability import metrics
+from sidecar.runtime.manager import Runtime
+
+log = logging.getLogger("sidecar.api.proxy")
+
+Kind = Literal["auto", "ollama", "lmstudio"]
+KINDS: tuple[str, ...] = ("auto", "ollama", "lmstudio")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
+
+CONNECT_TIMEOUT = 10.0  # seconds to open a connection; a response may take as long as a model load
+LIST_TIMEOUT = 5.0  # listings and /api/version: a stuck upstream must not hang `ollama list`
+POLL = 0.25  # how often a waiting forward looks whether its client is still there
+CHUNK = 64 * 1024
+
+# RFC 9110 §7.6.1 connection-specific fields, plus Proxy-Connection; Expect is answered by aiohttp itself.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+                        "te", "trailer", "trailers", "transfer-encoding", "upgrade", "expect"})
+# Marks requests this process forwarded: meeting its own mark again means the upstream is itself.
+VIA = "X-Spec-Sidecar-Forwarded"
+
+
+class ClientGone(Exception):
+    """The client closed its connection while the forward was waiting on the upstream."""
+
+
+def resolve_upstream(flag: str | None, env: dict[str, str] | os._Environ[str] | None,
+                     config: str | None) -> str | None:
+    """The upstream URL: `--upstream`, else SIDECAR_UPSTREAM, else the config's `upstream:`.
+
+    An empty value at a higher level switches forwarding off. A bare host:port gets http://."""
+    env = os.environ if env is None else env
+    for value in (flag, env.get("SIDECAR_UPSTREAM"), config):
+        if value is None:
+            continue
+        value = value.strip()
+        if not value:
+            return None
+        return value if "://" in value else f"http://{value}"
+    return None
+
+
+def resolve_kind(flag: str | None, env: dict[str, str] | os._Environ[str] | None, config: str | None) -> Kind:
+    """`--upstream-kind`, else SIDECAR_UPSTREAM_KIND, else the config's `upstream_kind:`, else auto."""
+    env = os.environ if env is None else env
+    for value in (flag, env.get("SIDECAR_UPSTREAM_KIND"), config):
+        if value:
+            v = value.strip().lower()
+            if v not in KINDS:
+                raise ValueError(f"upstream kind must be one of {', '.join(KINDS)}, not {value!r}")
+            return v  # type: ignore[return-value]
+    return "auto"
+
+
+def forward_headers(headers: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
+    """Headers minus hop-by-hop ones, those the Connection header names, and Host."""
+    pairs = list(headers)
+    named = {t.strip().lower() for k, v in pairs if k.lower() == "connection" for t in v.split(",")}
+    return CIMultiDict((k, v) for k, v in pairs
+                       if k.lower() not in HOP_BY_HOP and k.lower() not in named and k.lower() != "host")
+
+
+def openai_error(status: int, message: str) -> web.Response:
+    """OpenAI's error envelope, which /v1 clients parse (the openai SDK reads error.message)."""
+    kind = "invalid_request_error" if status == 400 else "not_found_error" if status == 404 else "api_error"
+    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return web.Response(status=status, text=dumps(body), content_type="application/json")
+
+
+def error_for(request: web.Request, status: int, message: str) -> web.Response:
+    """An error in the shape the route's clients expect: OpenAI's under /v1, Ollama's elsewhere."""
+    if request.path.startswith("/v1/"):
+        return openai_error(status, message)
+    return error_response(status, message)
+
+
+def client_gone(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
+async def _while_connected(request: web.Request, aw: Awaitable[T]) -> T:
+    """Await `aw`, giving up (ClientGone) as soon as the client disconnects.
+
+    aiohttp does not cancel a handler whose client left, and an upstream can be silent for
+    minutes (loading a model, pulling layers), so the forward has to look for itself."""
+    task = asyncio.ensure_future(aw)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=POLL)
+            if done:
+                return task.result()
+            if client_gone(request):
+                raise ClientGone
+    finally:
+        if not task.done():
+            task.cancel()  # closes the upstream request; its outcome no longer matters
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+class Upstream:
+    """One upstream server, with the app's single ClientSession (created on first use)."""
+
+    def __init__(self, url: str, kind: Kind = "auto", *, connect_timeout: float = CONNECT_TIMEOUT) -> None:
+        self.url = url.rstrip("/")
+        self.kind: Kind = kind
+        self.connect_timeout = connect_timeout
+        self.ident = uuid.uuid4().hex[:12]
+        self._session: aiohttp.ClientSession | None = None
+        self._detected: Literal["ollama", "lmstudio"] | None = None
+        self._detect_lock = asyncio.Lock()
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                # No total timeout: a first load or a pull may take many minutes to answer.
+                timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout,
+                                              sock_connect=self.connect_timeout),
+                connector=aiohttp.TCPConnector(limit=0),  # streams are long; never queue behind them
+                auto_decompress=False,  # bytes pass through as sent, Content-Encoding and all
+                trust_env=False,  # HTTP_PROXY must not capture a loopback upstream
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    # -- what kind of server is up there ---------------------------------------------------------
+    async def flavour(self) -> Literal["ollama", "lmstudio"]:
+        """The configured kind, or the detected one: Ollama answers /api/version with a version;
+        LM Studio answers 404, or 200 with {"error": "Unexpected endpoint or method..."}."""
+        if self.kind != "auto":
+            return self.kind
+        if self._detected is not None:
+            return self._detected
+        async with self._detect_lock:
+            if self._detected is not None:
+                return self._detected
+            try:
+                timeout = aiohttp.ClientTimeout(total=LIST_TIMEOUT, connect=self.connect_timeout)
+                async with self.session().get(self.url + "/api/version", timeout=timeout) as r:
+                    body = await r.read()
+                    status = r.status
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                return "ollama"  # unknown for now: forwarding answers 502 anyway; ask again next time
+            if status == 200 and isinstance(_json(body).get("version"), str):
+                self._detected = "ollama"
+            elif status == 404 or status == 200:
+                self._detected = "lmstudio"
+                log.info("upstream %s does not answer /api/version: treating it as LM Studio (/v1 only)", self.url)
+            else:
+                return "ollama"
+            return self._detected
+
+    def lmstudio_error(self, model: str) -> ApiError:
+        return ApiError(501, f"model '{model}' is not a spec-sidecar pair, and the upstream at {self.url} is "
+                             "LM Studio, which serves only the OpenAI-compatible /v1 API: use /v1/chat/completions")
+
+    # -- small requests the sidecar makes itself (listings, version) -----------------------------
+    async def get_json(self, request: web.Request, path: str) -> Any | None:
+        """GET a JSON document from the upstream, or None (logged, counted) if it cannot be had."""
+        try:
+            timeout = aiohttp.ClientTimeout(total=LIST_TIMEOUT, connect=self.connect_timeout)
+            async with self.session().get(self.url + path, timeout=timeout,
+                                          headers={VIA: self.ident}) as r:
+                if r.status != 200:
+                    metrics.observe_upstream_error(request, "status")
+                    log.warning("upstream %s%s answered %d", self.url, path, r.status)
+                    return None
+                return json.loads(await r.read())
+        except TimeoutError:
+            metrics.observe_upstream_error(request, "timeout")
+            log.warning("upstream %s%s timed out", self.url, path)
+        except (aiohttp.ClientError, OSError) as e:
+            metrics.observe_upstream_error(request, _error_kind(e))
+            log.warning("upstream %s%s unreachable: %s", self.url, path, e)
+        except ValueError as e:
+            metrics.observe_upstream_error(request, "other")
+            log.warning("upstream %s%s sent bad JSON: %s", self.url, path, e)
+        return None
+
+    # -- forwarding ------------------------------------------------------------------------------
+    async def forward(self, request: web.Request, body: bytes | None = None) -> web.StreamResponse:
+        """Pass the request through and stream the answer back. `body`: the bytes, when a route
+        already read them to find the model; otherwise the body is streamed up as it arrives."""
+        seen = ",".join(request.headers.getall(VIA, []))
+        if self.ident in seen:
+            return error_for(request, 508, f"upstream {self.url} points back at this spec-sidecar; "
+                                           "set upstream to the real Ollama's address")
+        headers = forward_headers(request.headers.items())
+        headers.add(VIA, self.ident)
+        skip_auto = {h for h in (hdrs.USER_AGENT, hdrs.ACCEPT, hdrs.ACCEPT_ENCODING, hdrs.CONTENT_TYPE)
+                     if h not in request.headers}
+        data: Any = None
+        if body is not None:
+            headers.popall(hdrs.CONTENT_LENGTH, None)  # aiohttp sets it from the bytes
+            data = body
+        elif request.body_exists:
+            data = request.content.iter_chunked(CHUNK)
+        url = URL(self.url + request.raw_path, encoded=True)
+        try:
+            up = await _while_connected(request, self.session().request(
+                request.method, url, headers=headers, data=data, allow_redirects=False,
+                skip_auto_headers=skip_auto))
+        except ClientGone:
+            metrics.observe_client_disconnect(request, "proxy", None)
+            return web.Response(status=499)  # nobody is listening; nginx's "client closed request"
+        except TimeoutError:
+            metrics.observe_upstream_error(request, "timeout")
+            return error_for(request, 502, f"upstream {self.url} did not accept the connection in time")
+        except (aiohttp.ClientError, OSError) as e:
+            metrics.observe_upstream_error(request, _error_kind(e))
+            return error_for(request, 502, f"upstream {self.url} is unreachable: {e}")
+        try:
+            return await self._relay(request, up)
+        finally:
+            up.close()  # no-op after a full read; otherwise it drops the upstream connection
+
+    async def _relay(self, request: web.Request, up: aiohttp.ClientResponse) -> web.StreamResponse:
+        resp = web.StreamResponse(status=up.status, reason=up.reason)
+        for k, v in forward_headers(up.headers.items()).items():
+            resp.headers.add(k, v)
+        try:
+            await resp.prepare(request)
+            while True:
+                chunk = await _while_connected(request, up.content.readany())
+                if not chunk:
+                    break
+                await resp.write(chunk)
+            await resp.write_eof()
+        except (ClientGone, ConnectionResetError):
+            log.info("client went away; closing the upstream request %s %s", request.method, request.path)
+            metrics.observe_client_disconnect(request, "proxy", None)
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            # The upstream broke off mid-body: break off too, so the client sees a truncated
+            # response rather than a complete-looking one.
+            metrics.observe_upstream_error(request, _error_kind(e))
+            log.warning("upstream %s broke off %s %s: %s", self.url, request.method, request.path, e)
+            if request.transport is not None:
+                request.transport.close()
+        return resp
+
+
+def _json(raw: bytes) -> dict[str, Any]:
+    try:
+        v = json.loads(raw)
+    except ValueError:
+        return {}
+    return v if isinstance(v, dict) else {}
+
+
+def _error_kind(e: BaseException) -> str:
+    if isinstance(e, aiohttp.ClientConnectorError | ConnectionRefusedError):
+        return "connect"
+    if isinstance(e, TimeoutError):
+        return "timeout"
+    if isinstance(e, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | ConnectionResetError):
+        return "reset"
+    return "other"
+
+
+# -- app wiring ---------------------------------------------------------------------------------
+UPSTREAM = web.AppKey("sidecar_upstream", Upstream)
+
+
+def setup(app: web.Application, url: str | None, kind: Kind = "auto") -> None:
+    if not url:
+        return
+    upstream = Upstream(url, kind)
+    app[UPSTREAM] = upstream
+
+    async def close(_: web.Application) -> None:
+        await upstream.close()
+
+    app.on_cleanup.append(close)
+    log.info("forwarding what is not a pair to %s (%s)", upstream.url, kind)
+
+
+def upstream_of(request: web.Request) -> Upstream | None:
+    return request.app.get(UPSTREAM)
+
+
+def runtime_of(request: web.Request) -> Runtime:
+    return request.app["runtime"]
+
+
+async def peek(request: web.Request) -> tuple[bytes, dict[str, Any]]:
+    """The body's bytes (aiohttp keeps them for the handler) and its JSON object, or {}."""
+    raw = await request.read()
+    return raw, _json(raw)
+
+
+def _name(body: dict[str, Any], *keys: str) -> str | None:
+    for k in keys:
+        v = body.get(k)
+        if isinstance(v, str) and v.strip():
+            return v
+    return None
+
+
+# -- routes ----------------------------------------------------------------------------------------
+def pair_or_forward(handler: Handler, *keys: str) -> Handler:
+    """Serve a model route locally for pairs (and when there is no upstream); forward otherwise.
+
+    Requests without a usable model name stay local, so they get the sidecar's own validation
+    errors, which are Ollama's."""
+    keys = keys or ("model",)
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        up = upstream_of(request)
+        if up is None:
+            return await handler(request)
+        raw, body = await peek(request)
+        name = _name(body, *keys)
+        if name is None or runtime_of(request).find(name) is not None:
+            return await handler(request)
+        if not request.path.startswith("/v1/") and await up.flavour() == "lmstudio":
+            raise up.lmstudio_error(name)
+        return await up.forward(request, raw)
+
+    route.__name__ = route.__qualname__ = getattr(handler, "__name__", "route")
+    return route
+
+
+# The name fields of each model-management request (copy names two models).
+MANAGED: dict[str, tuple[str, ...]] = {
+    "/api/pull": ("model", "name"), "/api/push": ("model", "name"), "/api/create": ("model", "name"),
+    "/api/copy": ("source", "destination"), "/api/delete": ("model", "name"),
+}
+
+
+async def manage(request: web.Request) -> web.StreamResponse:
+    """pull/push/create/copy/delete: never for a pair (it lives in pairs.yaml), else forwarded."""
+    raw, body = await peek(request)
+    rt = runtime_of(request)
+    keys = MANAGED[request.path]
+    for k in keys:
+        name = _name(body, k)
+        entry = rt.find(name) if name else None
+        if entry is not None:
+            raise ApiError(400, f"{entry.name} is a spec-sidecar pair; edit pairs.yaml")
+    up = upstream_of(request)
+    if up is None:
+        name = _name(body, keys[0]) or ""
+        if request.path == "/api/delete":
+            raise ApiError(404, f"model '{name}' not found")
+        if request.path == "/api/copy":
+            raise ApiError(404, f'model "{name}" not found')
+        raise ApiError(501, f"{request.path} needs the real Ollama, and no upstream is configured "
+                            "(set upstream: in pairs.yaml, --upstream or SIDECAR_UPSTREAM)")
+    if await up.flavour() == "lmstudio":
+        raise ApiError(501, f"the upstream at {up.url} is LM Studio, which has no {request.path}")
+    return await up.forward(request, raw)
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    """/api/embed, /api/embeddings, /v1/embeddings: pairs generate text only; the rest is forwarded."""
+    raw, body = await peek(request)
+    name = _name(body, "model")
+    if name is None:
+        return error_for(request, 400, "model is required")
+    entry = runtime_of(request).find(name)
+    if entry is not None:
+        return error_for(request, 400, f'"{entry.name}" does not support embeddings')
+    up = upstream_of(request)
+    if up is None:
+        return error_for(request, 404, f'model "{name}" not found, try pulling it first')
+    if not request.path.startswith("/v1/") and await up.flavour() == "lmstudio":
+        return error_for(request, up.lmstudio_error(name).status, up.lmstudio_error(name).message)
+    return await up.forward(request, raw)
+
+
+async def catch_all(request: web.Request) -> web.StreamResponse:
+    """Every route the sidecar does not serve: forwarded, or gin's 404/405 without an upstream."""
+    up = upstream_of(request)
+    if up is None:
+        raise await _miss(request)
+    if request.path.startswith("/api/") and await up.flavour() == "lmstudio":
+        raise ApiError(501, f"the upstream at {up.url} is LM Studio, which serves only the OpenAI-compatible "
+                            f"/v1 API, not {request.path}")
+    return await up.forward(request)
+
+
+async def _miss(request: web.Request) -> web.HTTPException:
+    """What the router would have said without the catch-all: 405 if another method fits."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource.canonical == CATCH_ALL:
+            continue
+        match, methods = await resource.resolve(request)
+        if match is None:
+            allowed |= methods
+    if allowed:
+        return web.HTTPMethodNotAllowed(request.method, allowed)
+    return web.HTTPNotFound()
+
+
+CATCH_ALL = "/{tail}"
+
+
+def add_catch_all(app: web.Application) -> None:
+    """Register last: aiohttp tries routes in order, and a method mismatch falls through to it."""
+    app.router.add_route("*", "/{tail:.*}", catch_all)
+
+
+def check_not_self(url: str | None, host: str, port: int) -> None:
+    """Refuse an upstream that is the sidecar's own listen address (one exported OLLAMA_HOST away)."""
+    if not url:
+        return
+    u = URL(url)
+    if u.port != port:
+        return
+    local = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "::", ""}
+    if u.host == host or (u.host in local and host in local):
+        raise ValueError(f"upstream {url} is this sidecar's own address ({host or '*'}:{port}); "
+                         "point it at the real Ollama (e.g. http://127.0.0.1:11435)")
