@@ -38,6 +38,12 @@ def tiny(model_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_bytes(model_dir: Path) -> Path:
+    """A tiny model that emits arbitrary bytes, so characters get split across tokens."""
+    return write_tiny_llama(model_dir / "tiny-bytes.gguf", seed=4, emit="bytes")
+
+
+@pytest.fixture(scope="session")
 def tiny_pair(model_dir: Path) -> tuple[Path, Path]:
     return write_tiny_pair(model_dir / "pair", seed=2)
 
@@ -95,7 +101,7 @@ def write_config(path: Path, text: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory, tiny: Path, smollm2: Path) -> Iterator[Daemon]:
+def daemon(tmp_path_factory: pytest.TempPathFactory, tiny: Path, tiny_bytes: Path, smollm2: Path) -> Iterator[Daemon]:
     """One daemon serving a tiny model (fast) and the real SmolLM2 demo model."""
     d = tmp_path_factory.mktemp("daemon")
     cfg = write_config(d / "pairs.yaml", f"""
@@ -105,6 +111,10 @@ pairs:
     parameters:
       temperature: 0
       num_ctx: 256
+    runtime:
+      num_thread: 1
+  tiny:bytes:
+    from: {tiny_bytes}
     runtime:
       num_thread: 1
   smollm2:135m:

@@ -86,12 +86,24 @@ def test_raw_wire_format(daemon: Daemon) -> None:
     assert "context" not in body and body["message"]["role"] == "assistant"
 
 
-def test_unicode_survives(client: ollama.Client) -> None:
-    """Byte-level tiny models emit arbitrary bytes; the text we stream is always valid UTF-8."""
-    for seed in range(3):
-        r = client.generate(model=TINY, prompt="héllo ✓ 日本", options={"temperature": 1.0, "seed": seed,
-                                                                       "num_predict": 40})
-        r.response.encode("utf-8")
+def test_characters_split_across_tokens_arrive_whole(client: ollama.Client, tiny_bytes) -> None:  # type: ignore[no-untyped-def]
+    """A model that emits raw bytes: the streamed text is exactly its bytes decoded as UTF-8."""
+    from sidecar.engine.llama import Weights
+
+    w = Weights(tiny_bytes, n_gpu_layers=0)
+    multibyte = 0
+    try:
+        for seed in range(6):
+            opts = {"temperature": 1.5, "top_k": 0, "top_p": 1.0, "seed": seed, "num_predict": 60}
+            chunks = list(client.generate(model="tiny:bytes", prompt="héllo ✓ 日本", options=opts, stream=True))
+            final = chunks[-1]
+            out = final.context[final.prompt_eval_count:]
+            expected = b"".join(w.piece(t) for t in out).decode("utf-8", "replace")
+            assert "".join(c.response for c in chunks) == expected
+            multibyte += sum(1 for ch in expected if ord(ch) > 127 and ch != "\ufffd")
+    finally:
+        w.close()
+    assert multibyte > 0, "the model should have produced some multi-byte characters"
 
 
 def test_stop_strings_never_emitted(client: ollama.Client) -> None:

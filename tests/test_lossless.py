@@ -24,7 +24,7 @@ from sidecar.engine.sampling import SamplingParams
 from tests.stats import chi_square_same_distribution
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from derive_models import truncate
+from derive_models import extend
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -47,12 +47,8 @@ def chat_prompt(weights: Weights, text: str) -> list[int]:
 
 
 def always_speculate(n_max: int) -> tuple[SpeculativeConfig, CostModel]:
-    """A cost model that says verification is free, and no fallback: every round drafts n_max."""
-    config = SpeculativeConfig(n_max=n_max, n_min=1, p_min=0.0, min_predict=0, fallback_margin=1e-9)
-    cost = CostModel(n_max + 1)
-    cost.t_step = [0.0] + [1e-3] * (n_max + 1)
-    cost.t_draft = 0.0
-    return config, cost
+    """Fixed draft length, no fallback: every round drafts n_max, whatever it costs here."""
+    return SpeculativeConfig(n_max=n_max, p_min=0.0, min_predict=0, adaptive=False), CostModel(n_max + 1)
 
 
 def run(ctx: Context, drafter: Drafter | None, prompt: list[int], n: int, params: SamplingParams = GREEDY,
@@ -76,10 +72,11 @@ def smol(smollm2: Path) -> Iterator[tuple[Weights, Context]]:
 
 @pytest.fixture(scope="module")
 def smol_draft(smollm2: Path, model_dir: Path) -> Iterator[Context]:
-    """SmolLM2 cut to its first 16 layers: agrees often, not always, so both paths get exercised."""
-    path = model_dir / "smollm2-trunc16.gguf"
+    """SmolLM2 plus two added layers, one of them perturbing its output: agrees with SmolLM2 most of
+    the time (~87%), not always, so acceptance and rollback both get exercised."""
+    path = model_dir / "smollm2-perturbed.gguf"
     if not path.exists():
-        truncate(smollm2, path, n_layers=16)
+        extend(smollm2, path, extra_layers=2, eps=0.0, eps_layers={1: 0.75})
     w = Weights(path, n_gpu_layers=0)
     ctx = Context(w, ContextParams(n_ctx=1024))
     yield ctx

@@ -63,6 +63,7 @@ class Speculative(Strict):
     fallback_rounds: int = Field(SpeculativeConfig.fallback_rounds, ge=1)
     fallback_margin: float = Field(SpeculativeConfig.fallback_margin, gt=0.0, le=2.0)
     probe_interval: int = Field(SpeculativeConfig.probe_interval, ge=1)
+    adaptive: bool = SpeculativeConfig.adaptive
 
     @model_validator(mode="after")
     def _order(self) -> Speculative:

@@ -34,6 +34,7 @@ class SpeculativeConfig:
     probe_interval: int = 32  # tokens of target-only decoding before probing again (doubles)
     acceptance_prior: float = 0.7  # per-position acceptance assumed before any evidence
     prior_weight: float = 2.0
+    adaptive: bool = True  # False: always draft n_max (llama.cpp's fixed draft length), no fallback
 
 
 class CostModel:
@@ -145,6 +146,8 @@ class Plan:
         k_cap = int(min(c.n_max, remaining - 1, room, len(self.cost.t_step) - 2))
         if k_cap < c.n_min:
             return 0
+        if not c.adaptive:
+            return k_cap
         a = self.acceptance
         t = self.cost.t_step
         t_d = self.cost.t_draft if self.draft_has_cost else 0.0
@@ -198,7 +201,7 @@ class Plan:
         self._spec_tokens += accepted + 1
         self._spec_seconds += draft_seconds + verify_seconds
         c = self.config
-        if self._spec_rounds >= c.fallback_rounds and self.cost.t_step[1] > 0:
+        if c.adaptive and self._spec_rounds >= c.fallback_rounds and self.cost.t_step[1] > 0:
             realised = self._spec_tokens / self._spec_seconds
             plain = 1.0 / self.cost.t_step[1]
             if realised < c.fallback_margin * plain:

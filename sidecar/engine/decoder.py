@@ -100,6 +100,7 @@ class Decoder:
             drafter.begin(sampler)
             res.drafter = drafter.name
         window = sampler.history_window
+        greedy = sampler.params.greedy
         tokens = list(prompt)  # committed; tokens[-1] is pending (not in the KV cache yet)
         out = res.tokens
         text = TextStream(req.stop)
@@ -127,7 +128,10 @@ class Decoder:
             head = tokens[-window:] if window else []
 
             def p_at(i: int, logits: np.ndarray = logits, head: list[int] = head, draft: list[int] = draft):
-                return sampler.probs(logits[i], head + draft[:i] if window else head)
+                history = head + draft[:i] if window else head
+                if greedy:  # the verifier only takes the argmax: skip building the one-hot vector
+                    return sampler.penalise(logits[i], history)
+                return sampler.probs(logits[i], history)
 
             m, nxt = self._verify(sampler, draft, proposal, p_at)
             target.truncate(len(tokens) + m)  # keep the pending token and the accepted drafts

@@ -22,6 +22,7 @@ DistFn = Callable[[int], np.ndarray]
 
 
 def verify_greedy(draft: Sequence[int], p_at: DistFn) -> tuple[int, int]:
+    """p_at may return anything whose argmax is the target's choice (probabilities or logits)."""
     for i, tok in enumerate(draft):
         best = int(np.argmax(p_at(i)))
         if best != tok:

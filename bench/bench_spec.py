@@ -1,0 +1,194 @@
+"""Speculative vs target-only decoding, side by side, through the daemon's own runtime.
+
+For each pair, every prompt runs target-only (`draft_num_predict: 0`) and speculative, alternating,
+on the same loaded model; the table gives tokens/s of each, their ratio, the acceptance rate
+(accepted / drafted), the mean accepted length (1 + accepted / rounds), whether the greedy outputs
+were identical, and any fallback. It also prints the measured verify-cost curve of each target and,
+for model drafts, the speed-up bound that curve, the draft's cost and its agreement allow:
+
+    bound = max(1, max_k E(a, k) / (k * c + v(k + 1)))   E(a, k) = (1 - a^(k+1)) / (1 - a)
+
+with a = the draft's greedy agreement with the target (teacher-forced over the target's output),
+c = draft step / target step, v(n) = verify n rows / target step.
+
+    .venv/bin/python bench/bench_spec.py [--pairs a,b1,b2,c] [--tokens 256] [--reps 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from derive_models import STANDARD_SET, extend, smollm2_path, truncate  # noqa: E402, F401
+from prompts import PROMPTS, chat  # noqa: E402
+
+from sidecar.config.loader import parse  # noqa: E402
+from sidecar.engine.adaptive import expected_tokens  # noqa: E402
+from sidecar.engine.llama import Context  # noqa: E402
+from sidecar.runtime.manager import Outcome, Runtime, build_entry  # noqa: E402
+from sidecar.runtime.options import effective  # noqa: E402
+
+OUT = REPO / "bench" / "out" / "models"
+
+
+def pairs(models: Path) -> dict[str, tuple[str, str, str]]:
+    smol = str(smollm2_path())
+    return {
+        "a": ("SmolLM2 + n-gram", smol, "ngram"),
+        "b1": ("SmolLM2+120 layers (eps 0) + SmolLM2 draft", str(models / "smollm2-x120-eps0.gguf"), smol),
+        "b2": ("SmolLM2+120 layers (one eps 1) + SmolLM2 draft", str(models / "smollm2-x120-one1.gguf"), smol),
+        "c": ("SmolLM2 + first-8-layers draft", smol, str(models / "smollm2-trunc8.gguf")),
+    }
+
+
+def ensure_models(models: Path) -> None:
+    missing = [n for n in STANDARD_SET if not (models / n).exists()]
+    if missing:
+        import subprocess
+
+        subprocess.run([sys.executable, str(REPO / "bench" / "derive_models.py"), "--out", str(models)], check=True)
+
+
+@dataclass
+class Run:
+    tokens: list[int]
+    tok_s: float
+    drafted: int
+    accepted: int
+    rounds: int
+    fallback: str | None
+
+
+async def generate(rt: Runtime, entry, text: str, n: int, speculate: bool) -> Run:  # type: ignore[no-untyped-def]
+    opts = {"temperature": 0, "num_predict": n}
+    if not speculate:
+        opts["draft_num_predict"] = 0
+    eff = effective(entry.params, opts)
+    out: Outcome | None = None
+    async for ev in rt.generate(entry, lambda lm: (text, None), eff, keep_alive=-1):
+        if isinstance(ev, Outcome):
+            out = ev
+    assert out is not None
+    r = out.result
+    return Run(r.tokens, len(r.tokens) / r.eval_seconds, r.draft_tokens, r.draft_accepted_tokens,
+               r.draft_rounds, r.fallback)
+
+
+def agreement(target_tokens: list[int], prompt: list[int], draft_ctx: Context) -> float:
+    """Greedy agreement: how often the draft's argmax equals the target's next token."""
+    seq = prompt + target_tokens
+    draft_ctx.clear()
+    draft_ctx.prefill(seq[: len(prompt) - 1])
+    hits = total = 0
+    pos = len(prompt) - 1
+    while pos < len(seq) - 1:
+        chunk = seq[pos : min(len(seq) - 1, pos + draft_ctx.n_batch)]
+        logits = draft_ctx.decode(chunk)
+        for i, row in enumerate(logits):
+            hits += int(np.argmax(row)) == seq[pos + i + 1]
+            total += 1
+        pos += len(chunk)
+    draft_ctx.clear()
+    return hits / max(1, total)
+
+
+def bound(a: float, curve: list[float], c: float) -> tuple[float, int]:
+    best, best_k = 1.0, 0
+    for k in range(1, len(curve)):
+        r = expected_tokens(a, k) / (k * c + curve[k])  # curve[k] = v(k + 1)
+        if r > best:
+            best, best_k = r, k
+    return best, best_k
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+async def bench_pair(key: str, label: str, target: str, draft: str, args: argparse.Namespace) -> None:
+    yaml = f"pairs:\n  bench:{key}:\n    from: {target}\n    draft: {draft}\n    parameters:\n      num_ctx: 2048\n"
+    config = parse(yaml)
+    entry = build_entry(f"bench:{key}", config.pairs[f"bench:{key}"])
+    rt = Runtime(keep_alive=-1)
+    rt.set_entries({entry.name: entry})
+    t0 = time.perf_counter()
+    lm, _ = await rt.load(entry)
+    load_s = time.perf_counter() - t0
+    pe = lm.pairs[entry.name]
+    cost = pe.decoder.cost
+    curve = cost.verify_curve()
+    c = cost.t_draft / cost.t_step[1] if pe.draft_ctx is not None else 0.0
+    print(f"\n### {key}: {label}\n")
+    print(f"load {load_s:.1f}s; target step {cost.t_step[1] * 1e3:.1f} ms; draft step / target step c = {c:.3f}")
+    shown = ", ".join(f"{v:.2f}" for v in curve)
+    print(f"verify cost v(n) = t(n rows) / t(1 row), n = 1..{len(curve)}: {shown}")
+    print()
+    print("| prompt | target-only tok/s | speculative tok/s | ratio | acceptance | mean accepted length "
+          "| agreement | bound | ratio/bound | identical | fallback |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    ratios, shorts = [], []
+    for name, q in PROMPTS.items():
+        text = chat(q)
+        plain_runs, spec_runs = [], []
+        for _ in range(args.reps):
+            plain_runs.append(await generate(rt, entry, text, args.tokens, speculate=False))
+            spec_runs.append(await generate(rt, entry, text, args.tokens, speculate=True))
+        p = statistics.median(r.tok_s for r in plain_runs)
+        s = statistics.median(r.tok_s for r in spec_runs)
+        drafted = sum(r.drafted for r in spec_runs)
+        acc = sum(r.accepted for r in spec_runs)
+        rounds = sum(r.rounds for r in spec_runs)
+        identical = all(r.tokens == plain_runs[0].tokens for r in plain_runs + spec_runs)
+        agree = bnd = ""
+        ratio_bound = ""
+        if pe.draft_ctx is not None:
+            prompt = lm.weights.tokenize(text, add_special=True, parse_special=True)
+            ref = plain_runs[0].tokens
+            a = await lm.worker.call(lambda prompt=prompt, ref=ref: agreement(ref, prompt, pe.draft_ctx))
+            b, k = bound(a, curve, c)
+            agree, bnd, ratio_bound = f"{a:.3f}", f"{b:.2f} (k={k})", f"{(s / p) / b:.2f}"
+        fb = next((r.fallback for r in spec_runs if r.fallback), None)
+        print(f"| {name} | {p:.1f} | {s:.1f} | {s / p:.2f} | "
+              f"{acc / drafted if drafted else 0:.2f} ({acc}/{drafted}) | "
+              f"{1 + acc / rounds if rounds else 1:.2f} | {agree} | {bnd} | {ratio_bound} | "
+              f"{'yes' if identical else 'NO'} | {fb or ''} |")
+        ratios.append(s / p)
+        sp = [await generate(rt, entry, text, 8, speculate=False) for _ in range(args.reps)]
+        ss = [await generate(rt, entry, text, 8, speculate=True) for _ in range(args.reps)]
+        shorts.append(statistics.median(r.tok_s for r in ss) / statistics.median(r.tok_s for r in sp))
+    print(f"\nshort outputs (num_predict 8), ratio per prompt: {', '.join(f'{x:.2f}' for x in shorts)}; "
+          f"geo-mean ratio 256 tokens {statistics.geometric_mean(ratios):.2f}; peak RSS {peak_rss_mb():.0f} MB")
+    await rt.unload_all()
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pairs", default="a,b1,b2,c")
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--models", type=Path, default=OUT)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    ensure_models(args.models)
+    table = pairs(args.models)
+    print(f"# bench_spec: greedy, {args.tokens} tokens, median of {args.reps}, alternating target-only/speculative")
+    for key in args.pairs.split(","):
+        label, target, draft = table[key]
+        await bench_pair(key, label, target, draft, args)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
