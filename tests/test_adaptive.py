@@ -199,10 +199,10 @@ def test_low_acceptance_on_costly_hardware_backs_off_then_probes_again() -> None
     p = plan(CPU, probe_interval=4, fallback_rounds=1000)
     assert p.draft_length(0, INF, 100) > 0
     _record_rejections(p, 5, CPU)
-    assert p.acceptance == pytest.approx(0.2)  # (0 + 0.7 x 2) / (5 + 2)
+    assert p.acceptance == pytest.approx(0.35 / 5.5)  # (0 + 0.7 x 0.5) / (5 + 0.5)
     ks = [p.draft_length(i, INF, 100) for i in range(12)]
     assert ks == [0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 8]
-    assert p.fallback == "draft does not pay: acceptance 0.20"
+    assert p.fallback == "draft does not pay: acceptance 0.06"
 
 
 def test_acceptance_evidence_brings_drafting_back() -> None:
@@ -236,6 +236,20 @@ def test_record_keeps_speculation_when_it_pays() -> None:
     assert p.draft_length(64, INF, 100) > 0
 
 
+def test_evidence_carries_over_to_the_next_request() -> None:
+    """A pair's acceptance outlives a request: a draft that never agrees is probed late next time,
+    and one that always agrees drafts from the first round."""
+    bad = plan(CPU, draft_has_cost=True, t_draft=0.3)
+    for _ in range(10):
+        bad.record(drafted=4, accepted=0, draft_seconds=1.2, verify_seconds=CPU[4], produced=0)
+    nxt = Plan.start(bad.config, bad.cost, True, -1)
+    assert [nxt.draft_length(i, INF, 100) for i in range(bad.config.probe_interval * 2)] == [0] * 64
+    good = plan(FLAT, draft_has_cost=True, t_draft=0.01)
+    for _ in range(10):
+        good.record(drafted=8, accepted=8, draft_seconds=0.08, verify_seconds=FLAT[8], produced=0)
+    assert Plan.start(good.config, good.cost, True, -1).draft_length(0, INF, 100) == 8
+
+
 def test_record_counters() -> None:
     p = plan(FLAT)
     p.record(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=2.0, produced=1)  # a plain step
@@ -245,5 +259,5 @@ def test_record_counters() -> None:
     p.record(drafted=5, accepted=5, draft_seconds=0.0, verify_seconds=FLAT[5], produced=10)
     assert (p.rounds, p.draft_tokens, p.accepted_tokens) == (2, 8, 7)
     assert p.accepted_per_pos == [2, 2, 1, 1, 1]
-    # 7 accepted, 1 round with a rejection, prior 0.7 x weight 2
-    assert p.acceptance == pytest.approx((7 + 1.4) / (7 + 1 + 2))
+    # 7 accepted, 1 round with a rejection, prior 0.7 x weight 0.5
+    assert p.acceptance == pytest.approx((7 + 0.35) / (7 + 1 + 0.5))

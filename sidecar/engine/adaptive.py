@@ -33,7 +33,7 @@ class SpeculativeConfig:
     fallback_margin: float = 0.97  # switch off when realised rate < margin x plain rate
     probe_interval: int = 32  # tokens of target-only decoding before probing again (doubles)
     acceptance_prior: float = 0.7  # per-position acceptance assumed before any evidence
-    prior_weight: float = 2.0
+    prior_weight: float = 0.5  # weak: on a CPU only near-certain acceptance pays, so evidence must rule
     adaptive: bool = True  # False: always draft n_max (llama.cpp's fixed draft length), no fallback
 
 
@@ -46,7 +46,15 @@ class CostModel:
     def __init__(self, n_rows: int) -> None:
         self.t_step = [0.0] * (n_rows + 1)  # index = rows in the batch
         self.t_draft = 0.0  # seconds per drafted token
+        # The pair's acceptance across requests (decayed), so a new request starts from what this
+        # draft has shown rather than from the prior, and a known-bad draft is rarely probed.
+        self.succ = 0.0
+        self.fail = 0.0
         self._smooth = 0.2
+
+    def observe_acceptance(self, drafted: int, accepted: int) -> None:
+        self.succ = self.succ * 0.98 + accepted
+        self.fail = self.fail * 0.98 + (1.0 if accepted < drafted else 0.0)
 
     def calibrate(self, ctx: Context, reps: int = 3) -> None:
         """Time decodes of 1..n rows on a scratch sequence, then give the cache back empty.
@@ -126,6 +134,14 @@ class Plan:
         plan._backoff = config.probe_interval
         # A free drafter (n-gram) probes on its first proposal: a miss costs one wider batch.
         plan._idle = plan._backoff if not draft_has_cost else 0
+        evidence = cost.succ + cost.fail
+        if evidence > 0:
+            # Earlier requests' evidence, capped so this request's own rounds can still move it.
+            scale = min(1.0, 64.0 / evidence)
+            plan._succ, plan._fail = cost.succ * scale, cost.fail * scale
+            if evidence >= 8 and plan._best_k(config.n_max) == 0:
+                plan._idle = 0  # a draft known not to pay: probe late and rarely
+                plan._backoff = config.probe_interval * 4
         if 0 <= num_predict < config.min_predict:
             plan.enabled = False
             plan.fallback = f"short output: num_predict {num_predict} < {config.min_predict}"
@@ -138,6 +154,20 @@ class Plan:
             self._succ + self._fail + c.prior_weight
         )
 
+    def _best_k(self, k_cap: int) -> int:
+        """The draft length with the most expected tokens per second; 0 if plain decoding wins."""
+        a = self.acceptance
+        t = self.cost.t_step
+        t_d = self.cost.t_draft if self.draft_has_cost else 0.0
+        best_k, best_rate = 0, 1.0 / t[1] if t[1] > 0 else 0.0
+        for k in range(max(1, self.config.n_min), min(k_cap, len(t) - 2) + 1):
+            if t[k + 1] <= 0:
+                continue
+            rate = expected_tokens(a, k) / (t_d * k + t[k + 1])
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k
+
     def draft_length(self, produced: int, remaining: float, room: int) -> int:
         """How many tokens to draft this round; 0 means a plain target step."""
         c = self.config
@@ -149,15 +179,7 @@ class Plan:
         if not c.adaptive:
             return k_cap
         a = self.acceptance
-        t = self.cost.t_step
-        t_d = self.cost.t_draft if self.draft_has_cost else 0.0
-        best_k, best_rate = 0, 1.0 / t[1] if t[1] > 0 else 0.0
-        for k in range(max(1, c.n_min), k_cap + 1):
-            if t[k + 1] <= 0:
-                continue
-            rate = expected_tokens(a, k) / (t_d * k + t[k + 1])
-            if rate > best_rate:
-                best_k, best_rate = k, rate
+        best_k = self._best_k(k_cap)
         if best_k == 0:
             # The model says drafting does not pay; probe now and then so new evidence can arrive.
             if self.fallback is None:
@@ -168,12 +190,12 @@ class Plan:
                 )
             self._idle += 1
             if self._idle >= self._backoff:
-                # Probe: a free drafter drafts in full so one round is real evidence; a model
-                # drafter, whose every token costs a draft pass, probes short.
+                # Probe in full so one round is real evidence (a model drafter still stops early
+                # where its own confidence falls below p_min).
                 self._idle = 0
                 self._backoff *= 2
                 self._probing = True
-                return k_cap if not self.draft_has_cost else max(c.n_min, min(k_cap, 2))
+                return k_cap
         self._probing = False
         return best_k
 
@@ -188,6 +210,7 @@ class Plan:
         self._probing = False
         self._idle = 0  # evidence arrived: count plain steps before the next probe anew
         self.cost.observe_draft(drafted, draft_seconds)
+        self.cost.observe_acceptance(drafted, accepted)
         self.rounds += 1
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
