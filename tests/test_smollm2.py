@@ -15,7 +15,7 @@ MODEL = "smollm2:135m"
 
 def test_chat_answers_coherently(daemon: Daemon) -> None:
     client = ollama.Client(host=daemon.url)
-    r = client.chat(model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}],
+    r = client.chat(model=MODEL, messages=[{"role": "user", "content": "Which city is the capital of France?"}],
                     options={"temperature": 0, "num_predict": 48})
     assert "Paris" in r.message.content
     assert r.done_reason in ("stop", "length") and r.eval_count > 0
