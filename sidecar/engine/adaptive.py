@@ -199,8 +199,9 @@ class Plan:
         self._probing = False
         return best_k
 
-    def record(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, produced: int) -> None:
-        """Account one round; drafted = 0 for a plain step."""
+    def record(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, produced: int,
+               step_seconds: float | None = None) -> None:
+        """Account one round; drafted = 0 for a plain step. step_seconds: drafting without catch-up."""
         self.cost.observe_step(drafted + 1, verify_seconds)
         if drafted == 0:
             if self._probing:  # the drafter had nothing to offer: probe again next round
@@ -209,7 +210,7 @@ class Plan:
             return
         self._probing = False
         self._idle = 0  # evidence arrived: count plain steps before the next probe anew
-        self.cost.observe_draft(drafted, draft_seconds)
+        self.cost.observe_draft(drafted, draft_seconds if step_seconds is None else step_seconds)
         self.cost.observe_acceptance(drafted, accepted)
         self.rounds += 1
         self.draft_tokens += drafted

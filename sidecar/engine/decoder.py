@@ -135,7 +135,7 @@ class Decoder:
 
             m, nxt = self._verify(sampler, draft, proposal, p_at)
             target.truncate(len(tokens) + m)  # keep the pending token and the accepted drafts
-            plan.record(len(draft), m, proposal.seconds, verify_seconds, len(out))
+            plan.record(len(draft), m, proposal.seconds, verify_seconds, len(out), proposal.step_seconds)
             for tok in (*draft[:m], nxt):
                 if weights.is_eog(tok):
                     done = "stop"

@@ -23,7 +23,8 @@ from sidecar.engine.sampling import Sampler
 class Proposal:
     tokens: list[int] = field(default_factory=list)
     q: list[np.ndarray] | None = None
-    seconds: float = 0.0  # what drafting cost, for the speculation cost model
+    seconds: float = 0.0  # what drafting cost in all (catching the draft's cache up included)
+    step_seconds: float | None = None  # the drafting steps alone; the cost model's per-token basis
 
 
 class Drafter(Protocol):
@@ -121,6 +122,7 @@ class ModelDrafter:
         try:
             if keep < len(context) - 1:
                 ctx.prefill(context[keep:-1])
+            t_steps = time.perf_counter()  # from here on: one draft decode per drafted token
             logits = ctx.decode([context[-1]], rows=[0])[0]
             for i in range(max_tokens):
                 q = sampler.probs(logits, history)
@@ -133,5 +135,7 @@ class ModelDrafter:
                 if i + 1 < max_tokens:
                     logits = ctx.decode([tok], rows=[0])[0]
         except ContextFull:
-            pass  # the draft ran out of room; what it has is still a valid proposal
-        return Proposal(tokens, qs, time.perf_counter() - t0)
+            t_steps = time.perf_counter()
+        # A catch-up prefill after target-only stretches is a one-off, not a per-token cost.
+        now = time.perf_counter()
+        return Proposal(tokens, qs, now - t0, now - t_steps)
