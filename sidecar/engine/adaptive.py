@@ -180,6 +180,8 @@ class Plan:
             return k_cap
         a = self.acceptance
         best_k = self._best_k(k_cap)
+        if best_k > 0:
+            self.fallback = None  # speculating again: `fallback` reports why it is off, if it is
         if best_k == 0:
             # The model says drafting does not pay; probe now and then so new evidence can arrive.
             if self.fallback is None:
