@@ -16,52 +16,13 @@ import pytest
 from numpy.typing import NDArray
 
 from sidecar.engine.verify import DistFn, verify_greedy, verify_rejection, verify_sample_and_match
+from tests.stats import chi2_sf
 
 Dist = NDArray[np.float64]
 ALPHA = 1e-3  # a correct verifier fails a single check with this probability (fixed seeds: never)
 
 
-# -- chi-square without scipy ---------------------------------------------------------------------
-
-
-def _upper_gamma_q(a: float, x: float) -> float:
-    """Regularised upper incomplete gamma Q(a, x) (series below a+1, continued fraction above)."""
-    if x <= 0.0:
-        return 1.0
-    log_front = -x + a * math.log(x) - math.lgamma(a)
-    if x < a + 1.0:
-        term = total = 1.0 / a
-        n = a
-        for _ in range(10_000):
-            n += 1.0
-            term *= x / n
-            total += term
-            if abs(term) < abs(total) * 1e-15:
-                break
-        return max(0.0, 1.0 - total * math.exp(log_front))
-    tiny = 1e-300
-    b = x + 1.0 - a
-    c = 1.0 / tiny
-    d = 1.0 / b
-    h = d
-    for i in range(1, 10_000):
-        an = -i * (i - a)
-        b += 2.0
-        d = an * d + b
-        d = d if abs(d) > tiny else tiny
-        c = b + an / c
-        c = c if abs(c) > tiny else tiny
-        d = 1.0 / d
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-15:
-            break
-    return math.exp(log_front) * h
-
-
-def chi2_sf(stat: float, df: int) -> float:
-    """P(X >= stat) for X ~ chi-square with df degrees of freedom."""
-    return _upper_gamma_q(df / 2.0, stat / 2.0)
+# -- chi-square goodness of fit (the survival function lives in tests/stats.py) --------------------
 
 
 def gof_pvalue(counts: NDArray[np.int64], probs: Dist) -> float:
