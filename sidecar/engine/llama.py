@@ -124,6 +124,12 @@ class Weights:
     def token_text(self, token: int) -> bytes:
         return C.llama_vocab_get_text(self.vocab, token) or b""
 
+    def starts_with_bos(self, text: str) -> bool:
+        """Whether a rendered prompt already begins with the BOS token's text."""
+        bos = self.vocab_info().bos
+        prefix = self.token_text(bos).decode("utf-8", "replace") if bos >= 0 else ""
+        return bool(prefix) and text.startswith(prefix)
+
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
 

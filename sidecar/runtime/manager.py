@@ -490,8 +490,8 @@ class Runtime:
                 pe = lm.pairs[entry.name]
                 speculate = opts.draft_num_predict != 0
                 n_max = opts.draft_num_predict or None
-                add_special = not text.startswith(
-                    lm.weights.token_text(lm.weights.vocab_info().bos).decode("utf-8", "replace") or "\0")
+                # Add BOS when the vocabulary wants it, unless the template already wrote it.
+                add_special = not lm.weights.starts_with_bos(text)
 
                 def produce(cancelled: Callable[[], bool]) -> Iterator[str | Result]:
                     tokens = list(before or []) + lm.weights.tokenize(
