@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
 from sidecar.engine import adaptive
 from sidecar.engine.adaptive import CostModel, Plan, SpeculativeConfig, expected_tokens
+from sidecar.engine.llama import Context, ContextParams, Weights
 
 INF = math.inf
 # Seconds to verify 1..9 rows. GPU: one pass costs about the same for any n.
@@ -248,6 +250,37 @@ def test_evidence_carries_over_to_the_next_request() -> None:
     for _ in range(10):
         good.record(drafted=8, accepted=8, draft_seconds=0.08, verify_seconds=FLAT[8], produced=0)
     assert Plan.start(good.config, good.cost, True, -1).draft_length(0, INF, 100) == 8
+
+
+def test_a_costly_probe_waits_until_the_budget_covers_it() -> None:
+    """Probing a model draft that does not pay means prefilling what it missed, then drafting: it
+    waits for enough target-only steps that the probe stays within probe_budget of them."""
+    lag = 1000
+    p = plan(LINEAR, draft_has_cost=True, t_draft=0.3, probe_interval=4, probe_budget=0.05)
+    p.cost.t_catchup = 0.02
+    p.lag = lambda: lag
+    # probe = 1000 x 0.02 + 8 x 0.3 + (9 - 1) = 30.4 steps; 5% of the idle time: 608 idle steps.
+    ks = [p.draft_length(i, INF, 100) for i in range(608)]
+    assert ks.index(8) == 607 and sum(ks) == 8
+    p.record(drafted=8, accepted=0, draft_seconds=2.4 + 20, verify_seconds=9.0, produced=608, step_seconds=2.4,
+             caught_up=1000)
+    lag = 0  # a caught-up draft: 10.4 steps, so 208 idle steps
+    ks = [p.draft_length(i, INF, 100) for i in range(300)]
+    assert ks.index(8) == 207
+
+
+def test_calibrate_draft_measures_step_and_catchup(tiny: Path) -> None:
+    w = Weights(tiny, n_gpu_layers=0)
+    ctx = Context(w, ContextParams(n_ctx=256, n_threads=1))
+    try:
+        model = CostModel(2)
+        model.calibrate_draft(ctx)
+        # Prefilling is batched, so a token of catch-up costs less than a one-token step.
+        assert 0.0 < model.t_catchup < model.t_draft
+        assert len(ctx) == 0
+    finally:
+        ctx.close()
+        w.close()
 
 
 def test_record_counters() -> None:

@@ -16,6 +16,7 @@ switched off when it falls behind the plain rate, then probed again after a back
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sidecar.engine.llama import Context
@@ -32,6 +33,7 @@ class SpeculativeConfig:
     fallback_rounds: int = 8  # speculative rounds observed before judging them
     fallback_margin: float = 0.97  # switch off when realised rate < margin x plain rate
     probe_interval: int = 32  # tokens of target-only decoding before probing again (doubles)
+    probe_budget: float = 0.03  # most of the target-only time that probing a costly draft may take
     acceptance_prior: float = 0.7  # per-position acceptance assumed before any evidence
     prior_weight: float = 0.5  # weak: on a CPU only near-certain acceptance pays, so evidence must rule
     adaptive: bool = True  # False: always draft n_max (llama.cpp's fixed draft length), no fallback
@@ -46,6 +48,7 @@ class CostModel:
     def __init__(self, n_rows: int) -> None:
         self.t_step = [0.0] * (n_rows + 1)  # index = rows in the batch
         self.t_draft = 0.0  # seconds per drafted token
+        self.t_catchup = 0.0  # seconds per token the draft prefills to catch up with the context
         # The pair's acceptance across requests (decayed), so a new request starts from what this
         # draft has shown rather than from the prior, and a known-bad draft is rarely probed.
         self.succ = 0.0
@@ -81,16 +84,37 @@ class CostModel:
         self.t_step = [0.0, *best[1:]]
         ctx.clear()
 
+    def calibrate_draft(self, draft: Context, reps: int = 3) -> None:
+        """Time the draft's one-token step and its catch-up prefill (per token), fastest of `reps`."""
+        step = prefill = float("inf")
+        draft.clear()
+        draft.prefill([0] * 64)  # warm-up, and the graphs for both shapes
+        draft.decode([0])
+        for _ in range(reps):
+            draft.clear()
+            t0 = time.perf_counter()
+            draft.prefill([0] * 64)
+            t1 = time.perf_counter()
+            draft.decode([0])
+            t2 = time.perf_counter()
+            prefill, step = min(prefill, (t1 - t0) / 64), min(step, t2 - t1)
+        draft.clear()
+        self.t_draft, self.t_catchup = step, prefill
+
     def observe_step(self, n: int, seconds: float) -> None:
         if n < len(self.t_step):
-            old = self.t_step[n]
-            self.t_step[n] = seconds if old == 0.0 else old + self._smooth * (seconds - old)
+            self.t_step[n] = self._ewma(self.t_step[n], seconds)
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         if n_tokens > 0:
-            per = seconds / n_tokens
-            old = self.t_draft
-            self.t_draft = per if old == 0.0 else old + self._smooth * (per - old)
+            self.t_draft = self._ewma(self.t_draft, seconds / n_tokens)
+
+    def observe_catchup(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens >= 8:  # a handful of tokens is dominated by fixed costs, not the per-token rate
+            self.t_catchup = self._ewma(self.t_catchup, seconds / n_tokens)
+
+    def _ewma(self, old: float, new: float) -> float:
+        return new if old == 0.0 else old + self._smooth * (new - old)
 
     def verify_curve(self) -> list[float]:
         """t_step(n) / t_step(1) for n = 1.., the relative cost of verifying n rows."""
@@ -112,6 +136,8 @@ class Plan:
     config: SpeculativeConfig
     cost: CostModel
     draft_has_cost: bool
+    # Tokens a costly drafter would have to prefill before it could draft (its KV cache's lag).
+    lag: Callable[[], int] = lambda: 0
     enabled: bool = True
     fallback: str | None = None
     draft_tokens: int = 0
@@ -168,6 +194,19 @@ class Plan:
                 best_k, best_rate = k, rate
         return best_k
 
+    def _probe_affordable(self, k: int) -> bool:
+        """Whether a probe of k tokens fits the probe budget of the target-only time since the last.
+
+        A probe of a model draft is not one wider batch: the draft first prefills everything it
+        missed (the prompt, on the request's first probe), then drafts k tokens one by one. For a
+        draft that does not pay, that cost is pure loss, so it is spread over enough plain steps
+        that it stays within `probe_budget` of them."""
+        if not self.draft_has_cost:
+            return True
+        t = self.cost.t_step
+        probe = self.lag() * self.cost.t_catchup + k * self.cost.t_draft + t[k + 1] - t[1]
+        return probe <= self.config.probe_budget * self._idle * t[1]
+
     def draft_length(self, produced: int, remaining: float, room: int) -> int:
         """How many tokens to draft this round; 0 means a plain target step."""
         c = self.config
@@ -191,7 +230,7 @@ class Plan:
                     else "verification too costly on this hardware"
                 )
             self._idle += 1
-            if self._idle >= self._backoff:
+            if self._idle >= self._backoff and self._probe_affordable(k_cap):
                 # Probe in full so one round is real evidence (a model drafter still stops early
                 # where its own confidence falls below p_min).
                 self._idle = 0
@@ -202,9 +241,12 @@ class Plan:
         return best_k
 
     def record(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, produced: int,
-               step_seconds: float | None = None) -> None:
-        """Account one round; drafted = 0 for a plain step. step_seconds: drafting without catch-up."""
+               step_seconds: float | None = None, caught_up: int = 0) -> None:
+        """Account one round; drafted = 0 for a plain step. step_seconds: drafting without catch-up,
+        which prefilled `caught_up` tokens."""
         self.cost.observe_step(drafted + 1, verify_seconds)
+        if step_seconds is not None:
+            self.cost.observe_catchup(caught_up, draft_seconds - step_seconds)
         if drafted == 0:
             if self._probing:  # the drafter had nothing to offer: probe again next round
                 self._idle = self._backoff

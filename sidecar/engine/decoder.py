@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -102,6 +103,8 @@ class Decoder:
         window = sampler.history_window
         greedy = sampler.params.greedy
         tokens = list(prompt)  # committed; tokens[-1] is pending (not in the KV cache yet)
+        if drafter is not None:
+            plan.lag = partial(drafter.lag, tokens)
         out = res.tokens
         text = TextStream(req.stop)
         limit = req.num_predict if req.num_predict >= 0 else float("inf")
@@ -135,7 +138,8 @@ class Decoder:
 
             m, nxt = self._verify(sampler, draft, proposal, p_at)
             target.truncate(len(tokens) + m)  # keep the pending token and the accepted drafts
-            plan.record(len(draft), m, proposal.seconds, verify_seconds, len(out), proposal.step_seconds)
+            plan.record(len(draft), m, proposal.seconds, verify_seconds, len(out), proposal.step_seconds,
+                        proposal.caught_up)
             for tok in (*draft[:m], nxt):
                 if weights.is_eog(tok):
                     done = "stop"

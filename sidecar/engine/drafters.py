@@ -25,6 +25,7 @@ class Proposal:
     q: list[np.ndarray] | None = None
     seconds: float = 0.0  # what drafting cost in all (catching the draft's cache up included)
     step_seconds: float | None = None  # the drafting steps alone; the cost model's per-token basis
+    caught_up: int = 0  # tokens prefilled to catch the drafter's cache up before drafting
 
 
 class Drafter(Protocol):
@@ -35,6 +36,9 @@ class Drafter(Protocol):
         """Start a new request (its sampling settings, a fresh history)."""
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Proposal: ...
+
+    def lag(self, context: Sequence[int]) -> int:
+        """Tokens of `context` the drafter would have to process before it can propose."""
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -91,6 +95,9 @@ class NgramDrafter:
                 break
         return Proposal(tokens, None, time.perf_counter() - t0)
 
+    def lag(self, context: Sequence[int]) -> int:
+        return 0  # indexing new tokens is a dictionary insert each
+
 
 class ModelDrafter:
     """A small model on the target's vocabulary, with its own KV cache kept in step.
@@ -114,7 +121,7 @@ class ModelDrafter:
         assert self._sampler is not None, "begin() first"
         t0 = time.perf_counter()
         ctx, sampler = self.ctx, self._sampler
-        keep = min(common_prefix(ctx.tokens, context), len(context) - 1)
+        keep = self._reusable(context)
         ctx.truncate(keep)
         history = list(context)
         tokens: list[int] = []
@@ -138,4 +145,11 @@ class ModelDrafter:
             t_steps = time.perf_counter()
         # A catch-up prefill after target-only stretches is a one-off, not a per-token cost.
         now = time.perf_counter()
-        return Proposal(tokens, qs, now - t0, now - t_steps)
+        return Proposal(tokens, qs, now - t0, now - t_steps, len(context) - 1 - keep)
+
+    def lag(self, context: Sequence[int]) -> int:
+        return len(context) - 1 - self._reusable(context)
+
+    def _reusable(self, context: Sequence[int]) -> int:
+        """Cached positions that match `context`; the last token is always decoded afresh."""
+        return min(common_prefix(self.ctx.tokens, context), len(context) - 1)

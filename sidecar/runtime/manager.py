@@ -311,9 +311,7 @@ class Runtime:
         cost = CostModel(rows)
         cost.t_step = lm.calibrated.t_step[: rows + 1]
         if draft_ctx is not None:
-            one = CostModel(1)
-            one.calibrate(draft_ctx)
-            cost.t_draft = one.t_step[1]
+            cost.calibrate_draft(draft_ctx)
         return cost
 
     # -- unloading and keep_alive ------------------------------------------------------------
