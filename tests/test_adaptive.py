@@ -183,7 +183,8 @@ def test_costly_verification_without_evidence_falls_back() -> None:
     p = plan(LINEAR)
     assert p.draft_length(0, INF, 100) == 8  # the opening probe
     assert p.fallback == "verification too costly on this hardware"
-    assert p.draft_length(0, INF, 100) == 0
+    p.record(drafted=8, accepted=0, draft_seconds=0.0, verify_seconds=LINEAR[8], produced=1)
+    assert p.draft_length(1, INF, 100) == 0
     costly = plan(LINEAR, draft_has_cost=True, t_draft=0.1)
     assert costly.draft_length(0, INF, 100) == 0
     assert costly.fallback == "verification too costly on this hardware"
@@ -197,8 +198,9 @@ def _record_rejections(p: Plan, rounds: int, t_step: Sequence[float]) -> None:
 
 def test_low_acceptance_on_costly_hardware_backs_off_then_probes_again() -> None:
     """After rejected drafts on a CPU-like curve the plan stops drafting, but probes after
-    probe_interval plain steps, then after twice as many (a free drafter probes in full)."""
-    p = plan(CPU, probe_interval=4, fallback_rounds=1000)
+    probe_interval plain steps, then after twice as many (a free drafter probes in full). The probe
+    budget is lifted here; the next test covers it."""
+    p = plan(CPU, probe_interval=4, fallback_rounds=1000, probe_budget=1.0)
     assert p.draft_length(0, INF, 100) > 0
     _record_rejections(p, 5, CPU)
     assert p.acceptance == pytest.approx(0.35 / 5.5)  # (0 + 0.7 x 0.5) / (5 + 0.5)
@@ -267,6 +269,15 @@ def test_a_costly_probe_waits_until_the_budget_covers_it() -> None:
     lag = 0  # a caught-up draft: 10.4 steps, so 208 idle steps
     ks = [p.draft_length(i, INF, 100) for i in range(300)]
     assert ks.index(8) == 207
+
+
+def test_a_free_drafters_probe_is_budgeted_too() -> None:
+    """An n-gram probe costs no draft, but its rejected 9-row batch costs 8 extra steps here."""
+    p = plan(LINEAR, probe_interval=4)
+    assert p.draft_length(0, INF, 100) == 8  # the opening probe is free of the budget
+    p.record(drafted=8, accepted=0, draft_seconds=0.0, verify_seconds=LINEAR[8], produced=1)
+    ks = [p.draft_length(i, INF, 100) for i in range(300)]
+    assert ks.index(8) == 266  # 8 / 0.03 = 266.7 plain steps
 
 
 def test_calibrate_draft_measures_step_and_catchup(tiny: Path) -> None:

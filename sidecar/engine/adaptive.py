@@ -153,13 +153,15 @@ class Plan:
     _backoff: int = 0
     _idle: int = 0
     _probing: bool = False
+    _opening: bool = False
 
     @classmethod
     def start(cls, config: SpeculativeConfig, cost: CostModel, draft_has_cost: bool, num_predict: int) -> Plan:
         plan = cls(config, cost, draft_has_cost)
         plan._backoff = config.probe_interval
-        # A free drafter (n-gram) probes on its first proposal: a miss costs one wider batch.
-        plan._idle = plan._backoff if not draft_has_cost else 0
+        # A free drafter (n-gram) probes on its first proposal: a miss costs one wider batch, and
+        # how well it does depends on the prompt more than on anything seen before.
+        plan._opening = not draft_has_cost
         evidence = cost.succ + cost.fail
         if evidence > 0:
             # Earlier requests' evidence, capped so this request's own rounds can still move it.
@@ -197,14 +199,14 @@ class Plan:
     def _probe_affordable(self, k: int) -> bool:
         """Whether a probe of k tokens fits the probe budget of the target-only time since the last.
 
-        A probe of a model draft is not one wider batch: the draft first prefills everything it
-        missed (the prompt, on the request's first probe), then drafts k tokens one by one. For a
-        draft that does not pay, that cost is pure loss, so it is spread over enough plain steps
-        that it stays within `probe_budget` of them."""
-        if not self.draft_has_cost:
-            return True
+        A probe that is rejected costs the wider verify batch (on a CPU, 9 rows cost ~4-5 steps)
+        and, for a model draft, the prefill of everything the draft missed (the whole prompt on a
+        request's first probe) plus k draft steps. For a draft that does not pay, that is pure
+        loss, so it waits for enough plain steps that it stays within `probe_budget` of them."""
         t = self.cost.t_step
-        probe = self.lag() * self.cost.t_catchup + k * self.cost.t_draft + t[k + 1] - t[1]
+        probe = t[k + 1] - t[1]
+        if self.draft_has_cost:
+            probe += self.lag() * self.cost.t_catchup + k * self.cost.t_draft
         return probe <= self.config.probe_budget * self._idle * t[1]
 
     def draft_length(self, produced: int, remaining: float, room: int) -> int:
@@ -230,11 +232,12 @@ class Plan:
                     else "verification too costly on this hardware"
                 )
             self._idle += 1
-            if self._idle >= self._backoff and self._probe_affordable(k_cap):
+            if self._opening or (self._idle >= self._backoff and self._probe_affordable(k_cap)):
                 # Probe in full so one round is real evidence (a model drafter still stops early
                 # where its own confidence falls below p_min).
                 self._idle = 0
-                self._backoff *= 2
+                if not self._opening:
+                    self._backoff *= 2
                 self._probing = True
                 return k_cap
         self._probing = False
@@ -252,7 +255,7 @@ class Plan:
                 self._idle = self._backoff
                 self._backoff //= 2
             return
-        self._probing = False
+        self._probing = self._opening = False
         self._idle = 0  # evidence arrived: count plain steps before the next probe anew
         self.cost.observe_draft(drafted, draft_seconds if step_seconds is None else step_seconds)
         self.cost.observe_acceptance(drafted, accepted)
