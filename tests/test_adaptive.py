@@ -220,16 +220,31 @@ def test_acceptance_evidence_brings_drafting_back() -> None:
 
 
 def test_record_switches_off_when_slower_than_plain_decoding() -> None:
-    """Realised speculative throughput below margin x plain rate: off for probe_interval tokens."""
+    """Realised speculative throughput below margin x plain rate: off for probe_interval tokens.
+
+    Here the model's estimate is wrong (drafting takes 2.5 steps a round that it does not know
+    of), so realised throughput is what switches it off; after the back-off it drafts again."""
     p = plan(FLAT)  # fallback_rounds 8, margin 0.97, probe_interval 32
     for i in range(7):
-        p.record(drafted=4, accepted=0, draft_seconds=0.5, verify_seconds=FLAT[4], produced=i + 1)
+        p.record(drafted=4, accepted=2, draft_seconds=2.5, verify_seconds=FLAT[4], produced=i + 1)
         assert p.fallback is None
-    p.record(drafted=4, accepted=0, draft_seconds=0.5, verify_seconds=FLAT[4], produced=8)
+    p.record(drafted=4, accepted=2, draft_seconds=2.5, verify_seconds=FLAT[4], produced=8)
     assert p.fallback is not None and p.fallback.startswith("slower than target-only")
     assert "at acceptance" in p.fallback
     assert [p.draft_length(n, INF, 100) for n in (8, 20, 39)] == [0, 0, 0]
-    assert p.draft_length(40, INF, 100) > 0  # probing again after the back-off
+    assert p.draft_length(40, INF, 100) > 0
+
+
+def test_starting_to_draft_takes_a_margin_but_staying_on_does_not() -> None:
+    """At a predicted speed-up of 1.02 a plan that is off stays off, and one that drafts goes on."""
+    # a = 0.7, k = 1: E = 1.7 tokens for 1.667 steps, a predicted 1.02x; longer drafts do worse.
+    curve = [1.0, 1.667, 2.6, 3.5, 4.4, 5.3, 6.2, 7.1, 8.0]
+    p = plan(curve, draft_has_cost=True, min_gain=1.05)
+    assert p.draft_length(0, INF, 100) == 0
+    p = plan(curve, draft_has_cost=True, min_gain=1.0)
+    assert p.draft_length(0, INF, 100) == 1
+    p.config = SpeculativeConfig(min_gain=1.05)
+    assert p.draft_length(1, INF, 100) == 1
 
 
 def test_record_keeps_speculation_when_it_pays() -> None:

@@ -34,6 +34,7 @@ class SpeculativeConfig:
     fallback_margin: float = 0.97  # switch off when realised rate < margin x plain rate
     probe_interval: int = 32  # tokens of target-only decoding before probing again (doubles)
     probe_budget: float = 0.03  # most of the target-only time that probing a costly draft may take
+    min_gain: float = 1.05  # predicted speed-up needed to start drafting (keeping on needs > 1)
     acceptance_prior: float = 0.7  # per-position acceptance assumed before any evidence
     prior_weight: float = 0.5  # weak: on a CPU only near-certain acceptance pays, so evidence must rule
     adaptive: bool = True  # False: always draft n_max (llama.cpp's fixed draft length), no fallback
@@ -154,6 +155,7 @@ class Plan:
     _idle: int = 0
     _probing: bool = False
     _opening: bool = False
+    _drafting: bool = False
 
     @classmethod
     def start(cls, config: SpeculativeConfig, cost: CostModel, draft_has_cost: bool, num_predict: int) -> Plan:
@@ -183,17 +185,23 @@ class Plan:
         )
 
     def _best_k(self, k_cap: int) -> int:
-        """The draft length with the most expected tokens per second; 0 if plain decoding wins."""
+        """The draft length with the most expected tokens per second; 0 if plain decoding wins.
+
+        Starting to draft takes a predicted gain of `min_gain`, staying on only beats plain: the
+        model's estimates are noisy, and a pair right at break-even must not flap into losses."""
         a = self.acceptance
         t = self.cost.t_step
         t_d = self.cost.t_draft if self.draft_has_cost else 0.0
-        best_k, best_rate = 0, 1.0 / t[1] if t[1] > 0 else 0.0
+        if t[1] <= 0:
+            return 0
+        best_k, best_rate = 0, (1.0 if self._drafting else self.config.min_gain) / t[1]
         for k in range(max(1, self.config.n_min), min(k_cap, len(t) - 2) + 1):
             if t[k + 1] <= 0:
                 continue
             rate = expected_tokens(a, k) / (t_d * k + t[k + 1])
             if rate > best_rate:
                 best_k, best_rate = k, rate
+        self._drafting = best_k > 0
         return best_k
 
     def _probe_affordable(self, k: int) -> bool:

@@ -127,9 +127,15 @@ class ModelDrafter:
         tokens: list[int] = []
         qs: list[np.ndarray] = []
         try:
-            if keep < len(context) - 1:
+            caught_up = len(context) - 1 - keep
+            if caught_up:
                 ctx.prefill(context[keep:-1])
-            t_steps = time.perf_counter()  # from here on: one draft decode per drafted token
+            if caught_up > 2:
+                # A catch-up after target-only stretches is a one-off, timed apart. The token or
+                # two missed after a fully accepted round recur, so they count as drafting cost.
+                t_steps = time.perf_counter()
+            else:
+                t_steps, caught_up = t0, 0
             logits = ctx.decode([context[-1]], rows=[0])[0]
             for i in range(max_tokens):
                 q = sampler.probs(logits, history)
@@ -142,10 +148,9 @@ class ModelDrafter:
                 if i + 1 < max_tokens:
                     logits = ctx.decode([tok], rows=[0])[0]
         except ContextFull:
-            t_steps = time.perf_counter()
-        # A catch-up prefill after target-only stretches is a one-off, not a per-token cost.
+            t_steps, caught_up = time.perf_counter(), 0
         now = time.perf_counter()
-        return Proposal(tokens, qs, now - t0, now - t_steps, len(context) - 1 - keep)
+        return Proposal(tokens, qs, now - t0, now - t_steps, caught_up)
 
     def lag(self, context: Sequence[int]) -> int:
         return len(context) - 1 - self._reusable(context)
