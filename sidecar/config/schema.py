@@ -63,6 +63,8 @@ class Speculative(Strict):
     fallback_rounds: int = Field(SpeculativeConfig.fallback_rounds, ge=1)
     fallback_margin: float = Field(SpeculativeConfig.fallback_margin, gt=0.0, le=2.0)
     probe_interval: int = Field(SpeculativeConfig.probe_interval, ge=1)
+    probe_budget: float = Field(SpeculativeConfig.probe_budget, gt=0.0, le=1.0)
+    min_gain: float = Field(SpeculativeConfig.min_gain, ge=1.0, le=2.0)
     adaptive: bool = SpeculativeConfig.adaptive
 
     @model_validator(mode="after")
