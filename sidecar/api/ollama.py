@@ -219,6 +219,8 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             msg["tool_calls"] = get(m, "tool_calls", list, "Message")
         if m.get("tool_name"):
             msg["tool_name"] = get(m, "tool_name", str, "Message")
+        if m.get("tool_call_id"):
+            msg["tool_call_id"] = get(m, "tool_call_id", str, "Message")
         out.append(msg)
     return out
 
