@@ -145,13 +145,6 @@ def test_models(client: openai.OpenAI) -> None:
         client.models.retrieve("nope:1")
 
 
-@pytest.mark.parametrize("fmt", [{"type": "json_object"},
-                                 {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}])
-def test_response_format_refused_for_now(client: openai.OpenAI, fmt: dict) -> None:
-    with pytest.raises(openai.BadRequestError, match="not supported for speculative pairs yet"):
-        client.chat.completions.create(model=PAIR, messages=MSGS, response_format=fmt)  # type: ignore[arg-type]
-
-
 @pytest.mark.parametrize(("path", "body", "status", "kind", "message"), [
     ("/v1/chat/completions", {"model": "nope:1", "messages": MSGS}, 404, "not_found_error", "model 'nope:1' not found"),
     ("/v1/chat/completions", {"model": PAIR, "messages": []}, 400, "invalid_request_error", "[] is too short"),

@@ -16,10 +16,12 @@ from aiohttp import web
 
 from sidecar.api.wire import ApiError
 from sidecar.engine.decoder import PromptTooLong
+from sidecar.engine.grammar import GrammarError
 from sidecar.observability import metrics
 from sidecar.runtime.manager import Loaded, Outcome, PairEntry, Runtime, ServerBusy
 from sidecar.runtime.options import Effective, OptionError, coerce, effective
-from sidecar.templates.chat import TemplateError
+from sidecar.templates.chat import FALLBACK_TEMPLATE, TemplateError
+from sidecar.templates.tools import ToolCallParser
 
 log = logging.getLogger("sidecar.api")
 requests_log = structlog.get_logger("sidecar.request")
@@ -47,7 +49,7 @@ def api_error(e: BaseException) -> ApiError:
     """The status and message Ollama would give a failure of this kind."""
     if isinstance(e, ApiError):
         return e
-    if isinstance(e, PromptTooLong):
+    if isinstance(e, PromptTooLong | GrammarError):
         return ApiError(400, str(e))
     if isinstance(e, ServerBusy):
         return ApiError(503, str(e))
@@ -74,12 +76,12 @@ class Generation:
 
     @classmethod
     async def start(cls, rt: Runtime, entry: PairEntry, fn: Render, opts: Effective,
-                    keep_alive: float | None) -> Generation:
+                    keep_alive: float | None, format: str | dict[str, Any] | None = None) -> Generation:
         def prompt_of(lm: Loaded) -> tuple[str, list[int] | None]:
             return render(fn, lm)
 
         clock = metrics.TokenClock()
-        events = rt.generate(entry, prompt_of, opts, keep_alive)
+        events = rt.generate(entry, prompt_of, opts, keep_alive, format)
         try:
             first = await events.__anext__()  # type: ignore[attr-defined]
         except Exception as e:
@@ -162,3 +164,16 @@ def chat_messages(entry: PairEntry, messages: list[dict[str, Any]]) -> list[dict
     if sys_text and messages and messages[0]["role"] != "system":
         full = [{"role": "system", "content": sys_text}, *full]
     return full
+
+
+def template_source(entry: PairEntry) -> str:
+    """The pair's chat template source by Ollama's precedence (what Runtime.template renders)."""
+    gguf = entry.metadata.get("tokenizer.chat_template")
+    return entry.config.template or entry.target.template or (gguf if isinstance(gguf, str) else FALLBACK_TEMPLATE)
+
+
+def split_tool_calls(parser: ToolCallParser, text: str) -> tuple[str, list[dict[str, Any]]]:
+    """Run a whole (non-streamed) output through the tool-call parser: (content, calls)."""
+    content, calls = parser.feed(text)
+    rest, more = parser.flush()
+    return content + rest, calls + more

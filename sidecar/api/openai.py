@@ -9,6 +9,7 @@ with Ollama's /v1 defaults: temperature and top_p 1.0 when absent, `max_tokens` 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import random
@@ -22,6 +23,7 @@ from sidecar.api import generation, proxy
 from sidecar.api.generation import Generation, Render, api_error, client_gone
 from sidecar.api.wire import ApiError, dumps, json_response, read_body
 from sidecar.runtime.manager import Loaded, Outcome, PairEntry, Runtime
+from sidecar.templates.tools import ToolCallParser, supports_tools
 
 log = logging.getLogger("sidecar.api")
 
@@ -91,16 +93,58 @@ def _stream(body: dict[str, Any]) -> tuple[bool, bool]:
     return stream, include_usage
 
 
-def _check_response_format(body: dict[str, Any]) -> None:
+def _response_format(body: dict[str, Any]) -> str | dict[str, Any] | None:
+    """`response_format` as Ollama's `format`: json_object is "json", json_schema its schema."""
     rf = body.get("response_format")
     if rf is None:
-        return
+        return None
     kind = rf.get("type") if isinstance(rf, dict) else None
     if kind == "text":
-        return
-    if kind in ("json_object", "json_schema"):
-        raise ApiError(400, f"response_format {kind} is not supported for speculative pairs yet")
+        return None
+    if kind == "json_object":
+        return "json"
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        schema = js.get("schema") if isinstance(js, dict) else None
+        if not isinstance(schema, dict):
+            raise ApiError(400, "invalid response_format: json_schema.schema must be a JSON Schema object")
+        return schema
     raise ApiError(400, "invalid response_format: type must be text, json_object or json_schema")
+
+
+def _tools(entry: PairEntry, body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    tools = body.get("tools")
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise ApiError(400, "invalid tools: must be an array of objects")
+    if not supports_tools(generation.template_source(entry)):
+        raise ApiError(400, f"{entry.name} does not support tools")
+    return tools
+
+
+def _input_tool_calls(calls: Any, names: dict[str, str]) -> list[dict[str, Any]]:
+    """An assistant message's OpenAI tool_calls as Ollama's (arguments parsed to an object)."""
+    if not isinstance(calls, list):
+        raise ApiError(400, "invalid tool_calls: must be an array")
+    out = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ApiError(400, "invalid tool call: function.name is required")
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                raise ApiError(400, "invalid tool call arguments") from None
+        if not isinstance(args, dict):
+            raise ApiError(400, "invalid tool call arguments")
+        cid = call.get("id") if isinstance(call.get("id"), str) else ""
+        if cid:
+            names[cid] = fn["name"]
+        out.append({"id": cid, "function": {"name": fn["name"], "arguments": args}})
+    return out
 
 
 def sampling(body: dict[str, Any], *, completion: bool) -> dict[str, Any]:
@@ -144,13 +188,21 @@ def _messages(entry: PairEntry, body: dict[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(raw, list):
         raise ApiError(400, "invalid messages: must be an array")
     out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}  # tool call id -> function name, for tool messages that only give the id
     for i, m in enumerate(raw):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(400, f"invalid message {i}: must be an object with a role")
         role = m["role"].lower()
         content = m.get("content")
+        extra: dict[str, Any] = {}
+        if m.get("tool_calls"):
+            extra["tool_calls"] = _input_tool_calls(m["tool_calls"], names)
+        if role == "tool":
+            cid = m.get("tool_call_id") if isinstance(m.get("tool_call_id"), str) else ""
+            name = m.get("name") if isinstance(m.get("name"), str) else names.get(cid, "")
+            extra.update({"tool_name": name, "tool_call_id": cid} if cid else {"tool_name": name})
         if content is None or isinstance(content, str):
-            out.append({"role": role, "content": content or ""})
+            out.append({"role": role, "content": content or "", **extra})
         elif isinstance(content, list):
             for part in content:
                 kind = part.get("type") if isinstance(part, dict) else None
@@ -163,12 +215,25 @@ def _messages(entry: PairEntry, body: dict[str, Any]) -> list[dict[str, Any]]:
                     raise ApiError(400, f"invalid message {i}: unsupported content part")
         else:
             raise ApiError(400, f"invalid message {i}: content must be a string or an array")
+        if extra and not isinstance(content, str | None):
+            out[-1].update(extra)
     return out
 
 
 # -- responses -------------------------------------------------------------------------------------
-def _finish(o: Outcome) -> str:
+def _finish(o: Outcome, called: bool = False) -> str:
+    if called:
+        return "tool_calls"
     return "length" if o.result.done_reason == "length" else "stop"
+
+
+def _tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ollama's tool calls in OpenAI's shape: arguments as a JSON string, type "function"."""
+    return [{"id": c["id"], "index": c["function"]["index"], "type": "function",
+             "function": {"name": c["function"]["name"],
+                          "arguments": json.dumps(c["function"]["arguments"], separators=(",", ":"),
+                                                  ensure_ascii=False)}}
+            for c in calls]
 
 
 def _usage(o: Outcome) -> dict[str, int]:
@@ -193,24 +258,29 @@ class _Shape:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": FINGERPRINT}
 
-    def whole(self, text: str, o: Outcome) -> dict[str, Any]:
+    def whole(self, text: str, o: Outcome, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         if self.chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                      "finish_reason": _finish(o)}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if calls:
+                message["tool_calls"] = _tool_calls(calls)
+            choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": _finish(o, bool(calls))}
             out = self.envelope("chat.completion")
         else:
             choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": _finish(o)}
             out = self.envelope("text_completion")
         return {**out, "choices": [choice], "usage": _usage(o)}
 
-    def chunk(self, piece: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
-        """A streamed piece (finish None), or the closing chunk (piece None)."""
+    def chunk(self, piece: str | None, finish: str | None, first: bool = False,
+              calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """A streamed piece or tool calls (finish None), or the closing chunk (piece None)."""
         if self.chat:
             delta: dict[str, Any] = {}
             if first:
                 delta["role"] = "assistant"
             if piece is not None:
                 delta["content"] = piece
+            if calls:
+                delta["tool_calls"] = _tool_calls(calls)
             choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
             obj = "chat.completion.chunk"
         else:
@@ -224,27 +294,47 @@ class _Shape:
 
 
 async def _respond(request: web.Request, rt: Runtime, entry: PairEntry, render: Render, opts_layer: dict[str, Any],
-                   stream: bool, include_usage: bool, *, chat: bool) -> web.StreamResponse:
+                   stream: bool, include_usage: bool, *, chat: bool, fmt: str | dict[str, Any] | None = None,
+                   parser: ToolCallParser | None = None) -> web.StreamResponse:
     opts = generation.options(entry, opts_layer)
     shape = _Shape(chat, entry)
-    gen = await Generation.start(rt, entry, render, opts, None)  # errors before any byte keep their status
+    gen = await Generation.start(rt, entry, render, opts, None, fmt)  # errors before any byte keep their status
     if not stream:
         text, outcome = await gen.text()
         gen.finish(request, entry)
-        return json_response(shape.whole(text, outcome))
+        calls: list[dict[str, Any]] = []
+        if parser is not None:
+            text, calls = generation.split_tool_calls(parser, text)
+        return json_response(shape.whole(text, outcome, calls))
 
     resp = web.StreamResponse(headers={"Content-Type": SSE})
     await resp.prepare(request)
     first = True
+    called = False
+
+    async def send(content: str, calls: list[dict[str, Any]]) -> None:
+        nonlocal first, called
+        if content:
+            await resp.write(_event(shape.chunk(content, None, first)))
+            first = False
+        if calls:
+            await resp.write(_event(shape.chunk(None, None, first, calls)))
+            first, called = False, True
+
     try:
         async for piece in gen.pieces():
             if client_gone(request):
                 raise ConnectionResetError("client went away")
-            await resp.write(_event(shape.chunk(piece, None, first)))
-            first = False
+            if parser is None:
+                await resp.write(_event(shape.chunk(piece, None, first)))
+                first = False
+            else:
+                await send(*parser.feed(piece))
+        if parser is not None:
+            await send(*parser.flush())
         o = gen.outcome
         assert o is not None
-        await resp.write(_event(shape.chunk(None, _finish(o), first)))  # chat: delta {} (role if nothing came)
+        await resp.write(_event(shape.chunk(None, _finish(o, called), first)))  # chat: delta {} (role if nothing came)
         if include_usage:
             await resp.write(_event(shape.usage_chunk(o)))
         await resp.write(b"data: [DONE]\n\n")
@@ -267,18 +357,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_body(request)
     entry = _find(request, body)
     messages = _messages(entry, body)
-    if body.get("tools"):
-        raise ApiError(400, f"{entry.name} does not support tools")
-    _check_response_format(body)
+    tools = _tools(entry, body)
+    fmt = _response_format(body)
     opts = sampling(body, completion=False)
     stream, include_usage = _stream(body)
     rt = runtime_of(request)
     full = generation.chat_messages(entry, messages)
 
     def render(lm: Loaded) -> tuple[str, list[int] | None]:
-        return rt.template(entry, lm, None).render(full), None
+        return rt.template(entry, lm, None).render(full, tools), None
 
-    return await _respond(request, rt, entry, render, opts, stream, include_usage, chat=True)
+    parser = ToolCallParser(generation.template_source(entry), tools) if tools else None
+    return await _respond(request, rt, entry, render, opts, stream, include_usage, chat=True, fmt=fmt,
+                          parser=parser)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -289,7 +380,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise ApiError(400, "prompt must be a string")
     if body.get("suffix"):
         raise ApiError(400, f'"{entry.name}" does not support insert')
-    _check_response_format(body)
+    fmt = _response_format(body)
     opts = sampling(body, completion=True)
     stream, include_usage = _stream(body)
     rt = runtime_of(request)
@@ -299,7 +390,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     def render(lm: Loaded) -> tuple[str, list[int] | None]:
         return rt.template(entry, lm, None).render(messages), None
 
-    return await _respond(request, rt, entry, render, opts, stream, include_usage, chat=False)
+    return await _respond(request, rt, entry, render, opts, stream, include_usage, chat=False, fmt=fmt)
 
 
 def owned_by(name: str) -> str:

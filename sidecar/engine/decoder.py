@@ -7,6 +7,11 @@ Prompt handling is fixed so both paths see bit-identical numerics: the prompt mi
 is prefilled in n_batch chunks (reusing any cached prefix), and the last prompt token is always
 decoded together with the first round's draft (or alone). The pending token — the last committed
 token, not yet in the KV cache — leads every verification batch.
+
+Under a grammar (`format`) every row is masked with the grammar state it would have in plain
+decoding: row i of a draft with the state after draft tokens 0..i-1 (a clone walked along the
+draft), so a drafted token the grammar forbids has p = 0 and is rejected. The committed state
+advances only by emitted tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import numpy as np
 
 from sidecar.engine.adaptive import CostModel, Plan, SpeculativeConfig
 from sidecar.engine.drafters import Drafter, Proposal, common_prefix
+from sidecar.engine.grammar import Grammar
 from sidecar.engine.llama import Context, ContextFull, EngineError
 from sidecar.engine.sampling import Sampler, SamplingParams
 from sidecar.engine.text import TextStream
@@ -55,6 +61,7 @@ class Request:
     stop: list[str] = field(default_factory=list)
     speculate: bool = True  # False forces target-only (Ollama's draft_num_predict: 0)
     n_max: int | None = None  # per-request cap on the draft length
+    grammar: str | None = None  # GBNF the output must follow (Ollama's `format`, engine.grammar)
 
 
 class Decoder:
@@ -74,6 +81,14 @@ class Decoder:
 
     def generate(self, req: Request, cancelled: Callable[[], bool] = lambda: False) -> Iterator[str | Result]:
         """Yield text pieces as they are final, then one Result."""
+        grammar = Grammar(self.target.weights, req.grammar) if req.grammar else None
+        try:
+            yield from self._generate(req, cancelled, grammar)
+        finally:
+            if grammar is not None:
+                grammar.close()
+
+    def _generate(self, req: Request, cancelled: Callable[[], bool], grammar: Grammar | None) -> Iterator[str | Result]:
         target, weights = self.target, self.target.weights
         prompt = req.prompt
         if not prompt:
@@ -119,7 +134,7 @@ class Decoder:
                 done = "length"
                 break
             k = plan.draft_length(len(out), limit - len(out), room)
-            proposal = drafter.propose(tokens, k) if k > 0 and drafter else Proposal()
+            proposal = drafter.propose(tokens, k, grammar) if k > 0 and drafter else Proposal()
             draft = proposal.tokens[:k]
             t_v = time.perf_counter()
             try:
@@ -129,14 +144,20 @@ class Decoder:
                 break
             verify_seconds = time.perf_counter() - t_v
             head = tokens[-window:] if window else []
+            states = _DraftStates(grammar, draft)
 
-            def p_at(i: int, logits: np.ndarray = logits, head: list[int] = head, draft: list[int] = draft):
+            def p_at(i: int, logits: np.ndarray = logits, head: list[int] = head, draft: list[int] = draft,
+                     states: _DraftStates = states):
                 history = head + draft[:i] if window else head
+                mask = states.at(i)
                 if greedy:  # the verifier only takes the argmax: skip building the one-hot vector
-                    return sampler.penalise(logits[i], history)
-                return sampler.probs(logits[i], history)
+                    return sampler.choice_logits(logits[i], history, mask)
+                return sampler.probs(logits[i], history, mask)
 
-            m, nxt = self._verify(sampler, draft, proposal, p_at)
+            try:
+                m, nxt = self._verify(sampler, draft, proposal, p_at)
+            finally:
+                states.close()
             target.truncate(len(tokens) + m)  # keep the pending token and the accepted drafts
             plan.record(len(draft), m, proposal.seconds, verify_seconds, len(out), proposal.step_seconds,
                         proposal.caught_up)
@@ -144,6 +165,8 @@ class Decoder:
                 if weights.is_eog(tok):
                     done = "stop"
                     break
+                if grammar is not None:
+                    grammar.accept(tok)
                 tokens.append(tok)
                 out.append(tok)
                 piece, hit = text.feed(weights.piece(tok))
@@ -178,3 +201,30 @@ class Decoder:
         if proposal.q is not None:
             return verify_rejection(draft, proposal.q, p_at, sampler.rng)
         return verify_sample_and_match(draft, p_at, sampler.rng)
+
+
+class _DraftStates:
+    """Grammar states for the rows of one verification: row i sees the state after draft[:i].
+
+    The verifiers ask for rows in order and stop at the first rejection, so one clone walked
+    forward serves every row, and it only ever accepts draft tokens already verified."""
+
+    def __init__(self, grammar: Grammar | None, draft: Sequence[int]) -> None:
+        self.grammar = grammar
+        self.draft = draft
+        self._walker: Grammar | None = None
+        self._walked = 0
+
+    def at(self, i: int) -> Grammar | None:
+        if self.grammar is None or i == 0:
+            return self.grammar
+        if self._walker is None:
+            self._walker = self.grammar.clone()
+        while self._walked < i:
+            self._walker.accept(self.draft[self._walked])
+            self._walked += 1
+        return self._walker
+
+    def close(self) -> None:
+        if self._walker is not None:
+            self._walker.close()

@@ -4,6 +4,11 @@
 target has not scored yet) and returns up to `max_tokens` guesses. A drafter that draws from a
 distribution returns it as q so the verifier can run exact rejection sampling; a deterministic one
 (n-gram lookup) returns q = None and is verified by sample-and-match.
+
+Under a grammar (`format`) `propose` also gets the committed grammar state: a model drafter draws
+from the same masked distribution the target uses (walking a clone of the state along its own
+guesses), so it never proposes a token the target must reject for grammar reasons. The n-gram
+drafter ignores it; the verifier's masked p rejects whatever the grammar forbids.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
+from sidecar.engine.grammar import Grammar
 from sidecar.engine.llama import Context, ContextFull
 from sidecar.engine.sampling import Sampler
 
@@ -35,7 +41,7 @@ class Drafter(Protocol):
     def begin(self, sampler: Sampler) -> None:
         """Start a new request (its sampling settings, a fresh history)."""
 
-    def propose(self, context: Sequence[int], max_tokens: int) -> Proposal: ...
+    def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal: ...
 
     def lag(self, context: Sequence[int]) -> int:
         """Tokens of `context` the drafter would have to process before it can propose."""
@@ -76,7 +82,7 @@ class NgramDrafter:
         self._index.clear()
         self._indexed = 0
 
-    def propose(self, context: Sequence[int], max_tokens: int) -> Proposal:
+    def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
         t0 = time.perf_counter()
         n_ctx = len(context)
         if self._indexed > n_ctx:  # within a request the context only grows
@@ -117,7 +123,7 @@ class ModelDrafter:
     def begin(self, sampler: Sampler) -> None:
         self._sampler = sampler
 
-    def propose(self, context: Sequence[int], max_tokens: int) -> Proposal:
+    def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
         assert self._sampler is not None, "begin() first"
         t0 = time.perf_counter()
         ctx, sampler = self.ctx, self._sampler
@@ -126,6 +132,7 @@ class ModelDrafter:
         history = list(context)
         tokens: list[int] = []
         qs: list[np.ndarray] = []
+        walker = grammar.clone() if grammar is not None else None
         try:
             caught_up = len(context) - 1 - keep
             if caught_up:
@@ -138,7 +145,7 @@ class ModelDrafter:
                 t_steps, caught_up = t0, 0
             logits = ctx.decode([context[-1]], rows=[0])[0]
             for i in range(max_tokens):
-                q = sampler.probs(logits, history)
+                q = sampler.probs(logits, history, walker)
                 if self.p_min > 0.0 and float(q.max()) < self.p_min:
                     break
                 tok = sampler.draw(q)
@@ -146,9 +153,16 @@ class ModelDrafter:
                 qs.append(q)
                 history.append(tok)
                 if i + 1 < max_tokens:
+                    if walker is not None:
+                        if ctx.weights.is_eog(tok):
+                            break  # the target stops there; a grammar has no state past the end
+                        walker.accept(tok)
                     logits = ctx.decode([tok], rows=[0])[0]
         except ContextFull:
             t_steps, caught_up = time.perf_counter(), 0
+        finally:
+            if walker is not None:
+                walker.close()
         now = time.perf_counter()
         return Proposal(tokens, qs, now - t0, now - t_steps, caught_up)
 

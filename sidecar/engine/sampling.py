@@ -8,12 +8,20 @@ one function, p and q are shaped by the same penalties, top-k, temperature, top-
 The order follows Ollama's own sampler (sample/samplers.go): penalties on logits, then top-k,
 temperature, softmax, top-p, min-p. Temperature 0 is greedy: a one-hot vector on the argmax of the
 penalised logits.
+
+A grammar (`format`, engine.grammar) enters as a `Mask`: forbidden tokens get -inf logits before
+the penalties and truncation shape them, so the distribution is the one the grammar-constrained
+target would sample from. Asking the grammar about all 49k tokens of a real vocabulary costs
+milliseconds, so the mask is applied lazily where that gives the same result: greedy checks the
+argmax first, and top-k sampling checks the best candidates first (the top k allowed tokens are
+all a top-k distribution needs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -41,6 +49,37 @@ class SamplingParams:
         return self.repeat_last_n != 0 and (
             self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
         )
+
+
+class Mask(Protocol):
+    """Which tokens may come next (a grammar state); asking never changes the state."""
+
+    def allowed(self, ids: np.ndarray) -> np.ndarray:
+        """A bool per id."""
+        ...
+
+
+class NoTokenAllowed(ValueError):
+    """The mask forbids every token: the grammar has nowhere to go."""
+
+
+def _masked(logits: np.ndarray, mask: Mask, ids: np.ndarray | None = None) -> np.ndarray:
+    """logits with -inf outside `ids`' allowed tokens (ids default: the whole vocabulary)."""
+    if ids is None:
+        ids = np.arange(logits.shape[0], dtype=np.int32)
+    ok = ids[mask.allowed(ids)]
+    if len(ok) == 0:
+        raise NoTokenAllowed("the grammar allows no token here")
+    out = np.full(logits.shape[0], -np.inf, dtype=np.float32)
+    out[ok] = logits[ok]
+    return out
+
+
+def _greedy_masked(logits: np.ndarray, mask: Mask) -> np.ndarray:
+    """logits, or masked logits when the argmax is forbidden: either way the masked argmax."""
+    if mask.allowed(np.array([int(np.argmax(logits))], dtype=np.int32))[0]:
+        return logits
+    return _masked(logits, mask)
 
 
 class Sampler:
@@ -78,10 +117,41 @@ class Sampler:
         out[ids] = vals
         return out
 
-    def probs(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+    def choice_logits(self, logits: np.ndarray, history: Sequence[int], mask: Mask | None = None) -> np.ndarray:
+        """Penalised (and masked) logits whose argmax is the greedy choice; cheaper than probs().
+
+        Only the argmax is meaningful: when the unmasked argmax is allowed it is also the masked
+        one (masking only lowers logits), so the mask is computed only when it is not."""
+        logits = self.penalise(logits, history)
+        return logits if mask is None else _greedy_masked(logits, mask)
+
+    def _apply_mask(self, logits: np.ndarray, mask: Mask) -> np.ndarray:
+        """Mask penalised logits, asking the grammar about as few tokens as the result allows.
+
+        With top-k on, the distribution depends only on the k best allowed tokens: if the best
+        candidates already hold k allowed ones, no other token can enter. Otherwise (or with
+        top-k off) every token is asked."""
+        p = self.params
+        n = logits.shape[0]
+        if p.greedy:
+            return _greedy_masked(logits, mask)
+        k = p.top_k if 0 < p.top_k < n else n
+        m = min(n, max(4 * k, 256))
+        if k < n and m < n:
+            cand = np.argpartition(logits, -m)[-m:].astype(np.int32)
+            ok = mask.allowed(cand)
+            if int(ok.sum()) >= k:
+                out = np.full(n, -np.inf, dtype=np.float32)
+                out[cand[ok]] = logits[cand[ok]]
+                return out
+        return _masked(logits, mask)
+
+    def probs(self, logits: np.ndarray, history: Sequence[int], mask: Mask | None = None) -> np.ndarray:
         """The final sampling distribution over the whole vocabulary (float64, sums to 1)."""
         p = self.params
         logits = self.penalise(logits, history)
+        if mask is not None:
+            logits = self._apply_mask(logits, mask)
         out = np.zeros(logits.shape[0], dtype=np.float64)
         if p.greedy:
             out[int(np.argmax(logits))] = 1.0

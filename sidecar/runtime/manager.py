@@ -21,6 +21,7 @@ from sidecar.config.schema import ModelDraft, NgramDraft, Pair
 from sidecar.engine.adaptive import CostModel, SpeculativeConfig
 from sidecar.engine.decoder import Decoder, Request, Result
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
+from sidecar.engine.grammar import gbnf_for_format
 from sidecar.engine.llama import Context, ContextParams, Weights, gpu_offload_supported, system_info
 from sidecar.engine.pairing import check_pair
 from sidecar.models.gguf import read_metadata
@@ -472,11 +473,14 @@ class Runtime:
         prompt: Callable[[Loaded], tuple[str, list[int] | None]],
         opts: Effective,
         keep_alive: float | None,
+        format: str | dict[str, Any] | None = None,
     ) -> AsyncIterator[str | Outcome]:
         """Stream text pieces, then one Outcome.
 
         `prompt(loaded)` returns the prompt text (tokenized with special tokens parsed) and any
-        token ids to put before it (Ollama's deprecated `context`)."""
+        token ids to put before it (Ollama's deprecated `context`). `format` is Ollama's: "json"
+        or a JSON schema the output must follow; a bad one raises GrammarError before any loading."""
+        grammar = gbnf_for_format(format)
         if self._pending >= self.max_queue:
             raise ServerBusy("server busy, please try again.  maximum pending requests exceeded")
         self._pending += 1
@@ -494,7 +498,7 @@ class Runtime:
                 def produce(cancelled: Callable[[], bool]) -> Iterator[str | Result]:
                     tokens = list(before or []) + lm.weights.tokenize(
                         text, add_special=add_special and not before, parse_special=True)
-                    req = Request(tokens, opts.sampling, opts.num_predict, opts.stop, speculate, n_max)
+                    req = Request(tokens, opts.sampling, opts.num_predict, opts.stop, speculate, n_max, grammar)
                     for item in pe.decoder.generate(req, cancelled):
                         if isinstance(item, Result):
                             yield Outcome(item, load_seconds, tokens + item.tokens)  # type: ignore[misc]
