@@ -152,6 +152,9 @@ class Forbidden:
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
         return Proposal(self.tokens[:max_tokens])
 
+    def lag(self, context: Sequence[int]) -> int:
+        return 0
+
 
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0, seed=5)])
 def test_forbidden_drafts_are_rejected(tiny_engines: tuple[Weights, Context, Context],
