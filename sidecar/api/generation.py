@@ -15,7 +15,7 @@ import structlog
 from aiohttp import web
 
 from sidecar.api.wire import ApiError
-from sidecar.engine.decoder import PromptTooLong
+from sidecar.engine.decoder import InvalidToken, PromptTooLong
 from sidecar.observability import metrics
 from sidecar.runtime.manager import Loaded, Outcome, PairEntry, Runtime, ServerBusy, ShuttingDown
 from sidecar.runtime.options import Effective, OptionError, coerce, effective
@@ -47,7 +47,7 @@ def api_error(e: BaseException) -> ApiError:
     """The status and message Ollama would give a failure of this kind."""
     if isinstance(e, ApiError):
         return e
-    if isinstance(e, PromptTooLong):
+    if isinstance(e, PromptTooLong | InvalidToken):
         return ApiError(400, str(e))
     if isinstance(e, ServerBusy | ShuttingDown):
         return ApiError(503, str(e))
