@@ -442,7 +442,10 @@ class Runtime:
 
     def _expire(self, lm: Loaded) -> None:
         lm.timer = None
-        if lm.in_flight:
+        loading = self._locks.get(lm.key)
+        # A request loading a pair onto it has queued (or is about to queue) work on its slots:
+        # stopping their threads now would leave that request waiting forever. Look again later.
+        if lm.in_flight or (loading is not None and loading.locked()):
             lm.timer = asyncio.get_running_loop().call_later(1.0, self._expire, lm)
         elif lm.expires_at is not None and time.time() >= lm.expires_at - 0.01:
             self._unload(lm)
