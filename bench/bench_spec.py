@@ -128,9 +128,9 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
     lm, _ = await rt.load(entry)
     load_s = time.perf_counter() - t0
     pe = lm.pairs[entry.name]
-    cost = pe.decoder.cost
+    cost = pe.decoders[0].cost
     curve = cost.verify_curve()
-    c = cost.t_draft / cost.t_step[1] if pe.draft_ctx is not None else 0.0
+    c = cost.t_draft / cost.t_step[1] if pe.draft_ctxs else 0.0
     print(f"\n### {key}: {label}\n")
     print(f"load {load_s:.1f}s; target step {cost.t_step[1] * 1e3:.1f} ms; draft step / target step c = {c:.3f}")
     shown = ", ".join(f"{v:.2f}" for v in curve)
@@ -154,10 +154,11 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
         identical = all(r.tokens == plain_runs[0].tokens for r in plain_runs + spec_runs)
         agree = bnd = ""
         ratio_bound = ""
-        if pe.draft_ctx is not None:
+        if pe.draft_ctxs:
             prompt = lm.weights.tokenize(text, add_special=True, parse_special=True)
             ref = plain_runs[0].tokens
-            a = await lm.worker.call(lambda prompt=prompt, ref=ref: agreement(ref, prompt, pe.draft_ctx))
+            a = await lm.pool.call(lambda slot, prompt=prompt, ref=ref: agreement(ref, prompt,
+                                                                                 pe.draft_ctxs[slot.index]))
             b, k = bound(a, curve, c)
             agree, bnd, ratio_bound = f"{a:.3f}", f"{b:.2f} (k={k})", f"{(s / p) / b:.2f}"
         fb = next((r.fallback for r in spec_runs if r.fallback), None)

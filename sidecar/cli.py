@@ -74,18 +74,36 @@ def keep_alive_default() -> float:
         return 300.0
 
 
+DRAIN_TIMEOUT = 30.0  # below systemd's TimeoutStopSec (120 s in our units), with room for unloading
+CUT_GRACE = 5.0  # after the deadline: how long cut streams get to write their last line
+
+
+def drain_timeout(flag: float | None, env: str | None, config: float | None) -> float:
+    """Seconds running requests may take to finish on SIGTERM: --drain-timeout, SIDECAR_DRAIN_TIMEOUT,
+    the config's drain_timeout, else 30."""
+    if flag is not None:
+        return max(0.0, flag)
+    if env and env.strip():
+        try:
+            return max(0.0, float(env))
+        except ValueError:
+            log.warning("SIDECAR_DRAIN_TIMEOUT=%r is not a number of seconds; ignoring it", env)
+    return DRAIN_TIMEOUT if config is None else config
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from sidecar.api import admin, proxy
+    from sidecar.api import admin, lifecycle, proxy
     from sidecar.api.app import create_app
     from sidecar.config.reload import Reloader
     from sidecar.observability import metrics
     from sidecar.observability.notify import ServiceNotifier
-    from sidecar.runtime.manager import Runtime
+    from sidecar.runtime.manager import Runtime, num_parallel_default
 
     path = default_path(args.config)
-    runtime = Runtime(keep_alive=keep_alive_default(), max_queue=int(os.environ.get("OLLAMA_MAX_QUEUE") or 512))
+    runtime = Runtime(keep_alive=keep_alive_default(), max_queue=int(os.environ.get("OLLAMA_MAX_QUEUE") or 512),
+                      num_parallel=num_parallel_default())
     reloader = Reloader(path, runtime, watch=not args.no_watch)
     try:
         config = reloader.load_initial().config  # a missing model is logged; a broken file is fatal
@@ -102,7 +120,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"sidecar: {e}", file=sys.stderr)
         return 2
+    drain_s = drain_timeout(args.drain_timeout, os.environ.get("SIDECAR_DRAIN_TIMEOUT"), config.drain_timeout)
     app = create_app(runtime, bind_host=host, upstream=upstream, upstream_kind=upstream_kind)
+    drain = app[lifecycle.DRAIN]
     app[admin.RELOADER] = reloader  # GET /sidecar/status reports the config through it
     reloader.on_reloaded.append(lambda ok: metrics.observe_config_reload(app, ok))
     # Under systemd (Type=notify, ExecReload=kill -HUP): RELOADING=1 while a reload runs, then
@@ -122,26 +142,44 @@ def cmd_serve(args: argparse.Namespace) -> int:
              host or "*", port)
 
     async def main() -> None:
-        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        # Handlers still running when cleanup starts were already given the drain (and cut): no long wait.
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=CUT_GRACE)
         await runner.setup()
         site = web.TCPSite(runner, host or None, port, reuse_address=True)
         await site.start()
         print(f"listening on {host or '*'}:{port}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_stop_signal() -> None:
+            if stop.is_set():  # a second SIGTERM/Ctrl-C: do not wait for the deadline
+                log.warning("second stop signal: cutting running generations now")
+                runtime.halt.set()
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_stop_signal)
         # SIGHUP and file events feed the same single-flight reload.
         loop.add_signal_handler(signal.SIGHUP, reloader.trigger, "signal")
         await reloader.start()
         notifier.ready(serving())
         notifier.start_watchdog()
         await stop.wait()
-        log.info("shutting down")
+        # New requests get 503 from here on; running ones may finish until the deadline, then
+        # every generation stops at its next step and its stream ends with an error line.
+        drain.close()
         notifier.stopping()
+        log.info("shutting down: %d request(s) running, waiting up to %gs for them", drain.active, drain_s)
         await reloader.stop()
+        if not await drain.wait(drain_s):
+            log.warning("drain deadline passed with %d request(s) running; stopping their generation",
+                        drain.active)
+            runtime.halt.set()
+            await drain.wait(CUT_GRACE)
+        runtime.halt.set()  # anything still queued on a model stops at once
         await notifier.stop_watchdog()
         await runner.cleanup()
+        log.info("stopped")
 
     asyncio.run(main())
     return 0
@@ -210,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
                    "http://127.0.0.1:11435 (default: SIDECAR_UPSTREAM, else upstream: in the config)")
     s.add_argument("--upstream-kind", choices=("auto", "ollama", "lmstudio"),
                    help="ollama, or lmstudio (serves /v1 only); default: detected")
+    s.add_argument("--drain-timeout", type=float, metavar="SECONDS",
+                   help="on SIGTERM/SIGINT, how long running requests may take to finish before their "
+                   "generation is stopped (default: SIDECAR_DRAIN_TIMEOUT, else drain_timeout: in the config, "
+                   "else 30)")
     s.add_argument("--no-watch", action="store_true",
                    help="do not watch the config file (SIGHUP still reloads it)")
     c = sub.add_parser("check", help="validate pairs.yaml, resolve models, check draft pairing")

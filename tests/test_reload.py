@@ -326,5 +326,5 @@ async def test_apply_diffs_pair_by_pair(home: Path) -> None:
 
     assert rt.apply({}).removed == ["a:1", "b:1"]
     assert rt.loaded_models() == []
-    await asyncio.to_thread(lm.worker.join, 10)
-    assert not lm.worker.alive and rt.weights.count == 0
+    await asyncio.to_thread(lm.pool.join, 10)
+    assert not lm.pool.alive and rt.weights.count == 0

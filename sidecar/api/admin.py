@@ -66,7 +66,8 @@ def models(rt: Runtime) -> list[dict[str, Any]]:
     for lm in rt.loaded_models():
         out.append({
             "target": str(lm.weights.path),
-            "context_length": lm.ctx.n_ctx,
+            "context_length": lm.n_ctx,
+            "parallel": len(lm.slots),
             "pairs": sorted(lm.pairs),
             "in_flight": lm.in_flight,
             "expires_in": round(lm.expires_at - time.time(), 1) if lm.expires_at is not None else None,

@@ -6,7 +6,7 @@ import logging
 
 from aiohttp import web
 
-from sidecar.api import admin, guard, ollama, openai, proxy
+from sidecar.api import admin, guard, lifecycle, ollama, openai, proxy
 from sidecar.api.wire import ApiError, error_response
 from sidecar.observability import metrics
 from sidecar.runtime.manager import Runtime
@@ -42,9 +42,13 @@ def create_app(runtime: Runtime, *, bind_host: str = "127.0.0.1", upstream: str 
                upstream_kind: proxy.Kind = "auto") -> web.Application:
     """`bind_host` is the listen address: on loopback the Host-header (DNS-rebinding) check is on.
     `upstream`: the real Ollama (or LM Studio) that serves everything that is not a pair."""
-    app = web.Application(middlewares=[metrics.middleware, *guard.middlewares(bind_host), ollama_errors],
+    drain = lifecycle.Drain()
+    app = web.Application(middlewares=[lifecycle.request_id, metrics.middleware, *guard.middlewares(bind_host),
+                                       drain.middleware, ollama_errors],
                           client_max_size=MAX_BODY)
+    app[lifecycle.DRAIN] = drain
     app.on_response_prepare.append(guard.on_response_prepare)
+    app.on_response_prepare.append(lifecycle.on_response_prepare)
     app["runtime"] = runtime
     metrics.setup(app)
     proxy.setup(app, upstream, upstream_kind)
@@ -66,8 +70,10 @@ def create_app(runtime: Runtime, *, bind_host: str = "127.0.0.1", upstream: str 
     admin.setup(app)  # /sidecar/status, outside /api/
     proxy.add_catch_all(app)  # everything else goes to the upstream (or gin's 404 without one)
 
-    async def shutdown(_: web.Application) -> None:
+    async def unload(_: web.Application) -> None:
+        # On cleanup, after aiohttp has cancelled what handlers were left: a handler stuck on a
+        # client that stopped reading would otherwise hold its worker thread while we join it.
         await runtime.unload_all()
 
-    app.on_shutdown.append(shutdown)
+    app.on_cleanup.append(unload)
     return app

@@ -15,10 +15,10 @@ import structlog
 from aiohttp import web
 
 from sidecar.api.wire import ApiError
-from sidecar.engine.decoder import PromptTooLong
+from sidecar.engine.decoder import InvalidToken, PromptTooLong
 from sidecar.engine.grammar import GrammarError
 from sidecar.observability import metrics
-from sidecar.runtime.manager import Loaded, Outcome, PairEntry, Runtime, ServerBusy
+from sidecar.runtime.manager import Loaded, Outcome, PairEntry, Runtime, ServerBusy, ShuttingDown
 from sidecar.runtime.options import Effective, OptionError, coerce, effective
 from sidecar.templates.chat import FALLBACK_TEMPLATE, TemplateError
 from sidecar.templates.tools import ToolCallParser
@@ -49,11 +49,20 @@ def api_error(e: BaseException) -> ApiError:
     """The status and message Ollama would give a failure of this kind."""
     if isinstance(e, ApiError):
         return e
-    if isinstance(e, PromptTooLong | GrammarError):
+    if isinstance(e, PromptTooLong | InvalidToken | GrammarError):
         return ApiError(400, str(e))
-    if isinstance(e, ServerBusy):
+    if isinstance(e, ServerBusy | ShuttingDown):
         return ApiError(503, str(e))
     return ApiError(500, f"an error was encountered while running the model: {e}")
+
+
+def failed_mid_stream(e: BaseException) -> ApiError:
+    """Log a failure after the first byte (a shutdown's cut is expected, no traceback) and map it."""
+    if isinstance(e, ShuttingDown):
+        log.warning("generation stopped: %s", e)
+    else:
+        log.error("generation failed mid-stream", exc_info=e)
+    return api_error(e)
 
 
 def client_gone(request: web.Request) -> bool:

@@ -7,14 +7,13 @@ an Outcome back out as Ollama's chunks. No llama.cpp in sight.
 from __future__ import annotations
 
 import hashlib
-import logging
 import time
 from typing import Any
 
 from aiohttp import web
 
 from sidecar.api import generation, proxy
-from sidecar.api.generation import Generation, Render, api_error, client_gone
+from sidecar.api.generation import Generation, Render, client_gone
 from sidecar.api.wire import (
     NDJSON,
     ApiError,
@@ -30,8 +29,6 @@ from sidecar.api.wire import (
 )
 from sidecar.runtime.manager import Loaded, Outcome, PairEntry, Runtime
 from sidecar.templates.tools import ToolCallParser, supports_tools
-
-log = logging.getLogger("sidecar.api")
 
 OLLAMA_VERSION = "0.12.6"  # what /api/version answers when no upstream tells us better
 
@@ -129,7 +126,7 @@ async def ps(request: web.Request) -> web.Response:
         forever = "2318-08-27T00:00:00.000000+00:00"  # what "never" looks like: a far-away time
         item["expires_at"] = local_time(lm.expires_at) if lm.expires_at is not None else forever
         item["size_vram"] = item["size"] if lm.weights.gpu_layers else 0
-        item["context_length"] = lm.ctx.n_ctx
+        item["context_length"] = lm.n_ctx
         models.append(item)
     models.sort(key=lambda m: m["expires_at"], reverse=True)
     return json_response({"models": models + await _upstream_models(request, "/api/ps")})
@@ -374,8 +371,7 @@ async def _run(request: web.Request, rt: Runtime, entry: PairEntry, body: dict[s
         await gen.aclose()
         return resp
     except Exception as e:  # after the first byte: one last error line, no done:true
-        log.exception("generation failed mid-stream")
-        await resp.write(line({"error": api_error(e).message}))
+        await resp.write(line({"error": generation.failed_mid_stream(e).message}))
     await resp.write_eof()
     return resp
 

@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from sidecar.api import generation, proxy
-from sidecar.api.generation import Generation, Render, api_error, client_gone
+from sidecar.api.generation import Generation, Render, client_gone
 from sidecar.api.wire import ApiError, dumps, json_response, read_body
 from sidecar.runtime.manager import Loaded, Outcome, PairEntry, Runtime
 from sidecar.templates.tools import ToolCallParser, supports_tools
@@ -344,8 +344,7 @@ async def _respond(request: web.Request, rt: Runtime, entry: PairEntry, render: 
         await gen.aclose()
         return resp
     except Exception as e:  # after the first byte: one error event, then close (no [DONE])
-        log.exception("generation failed mid-stream")
-        err = api_error(e)
+        err = generation.failed_mid_stream(e)
         await resp.write(_event({"error": {"message": err.message, "type": "api_error", "param": None,
                                            "code": None}}))
     await resp.write_eof()

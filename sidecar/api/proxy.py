@@ -272,9 +272,10 @@ class Upstream:
 
 
 def _json(raw: bytes) -> dict[str, Any]:
+    """The body's object for routing, or {} (the handler, or the upstream, answers a bad body)."""
     try:
         v = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than Python's stack
         return {}
     return v if isinstance(v, dict) else {}
 

@@ -77,7 +77,7 @@ class Speculative(Strict):
         return SpeculativeConfig(**self.model_dump())
 
 
-class Runtime(Strict):
+class LoadSettings(Strict):
     """Load-time settings of one model (Ollama's num_gpu, num_thread, num_batch, ...)."""
 
     num_gpu: int = -1  # layers to offload; -1 = all, where llama.cpp was built with a GPU backend
@@ -85,6 +85,15 @@ class Runtime(Strict):
     num_batch: int = Field(512, ge=16, le=8192)
     flash_attn: bool = False
     kv_cache_type: Literal["f16", "q8_0", "q4_0"] = "f16"
+
+
+class Runtime(LoadSettings):
+    """The target's load settings, plus how many requests it serves at once.
+
+    `num_parallel` overrides OLLAMA_NUM_PARALLEL for this target: that many contexts (each with
+    its own KV cache of num_ctx tokens, and its own draft context) over the one mapped GGUF."""
+
+    num_parallel: int | None = Field(None, ge=1, le=64)
 
 
 class NgramDraft(Strict):
@@ -99,7 +108,7 @@ class NgramDraft(Strict):
         return self
 
 
-class ModelDraft(Runtime):
+class ModelDraft(LoadSettings):
     from_: str = Field(alias="from", min_length=1)
 
 
@@ -163,5 +172,6 @@ class Config(Strict):
     upstream: str | None = None
     upstream_kind: Literal["auto", "ollama", "lmstudio"] | None = None
     listen: str | None = None
+    drain_timeout: float | None = Field(None, ge=0)  # seconds streams may finish on SIGTERM (read at start)
     models: dict[str, str] = Field(default_factory=dict)  # store locations: ollama, lmstudio
 

@@ -36,6 +36,10 @@ class PromptTooLong(EngineError):
     """The prompt does not fit in the context window."""
 
 
+class InvalidToken(EngineError):
+    """The prompt holds a token id outside the vocabulary (a client's `context` can)."""
+
+
 @dataclass
 class Result:
     """What a finished generation reports (Ollama's metrics plus speculation counters)."""
@@ -93,6 +97,9 @@ class Decoder:
         prompt = req.prompt
         if not prompt:
             raise EngineError("empty prompt")
+        bad = next((t for t in prompt if not 0 <= t < weights.n_vocab), None)
+        if bad is not None:  # llama.cpp would refuse the batch, after a prefill of everything before it
+            raise InvalidToken(f"token id {bad} is not in the vocabulary (0 to {weights.n_vocab - 1})")
         if len(prompt) >= target.n_ctx:
             raise PromptTooLong(
                 f"the prompt is {len(prompt)} tokens, the context holds {target.n_ctx} (raise num_ctx)"

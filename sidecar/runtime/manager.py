@@ -1,15 +1,22 @@
 """Pairs at run time: loading, sharing, keep_alive, queueing, and streaming generations.
 
-A target model (one GGUF + one context) lives on its own worker thread together with the drafters
-of every pair that uses it; requests for it queue on that thread. Weights are memory-mapped once
-per file however many pairs use them. keep_alive works as in Ollama: each request pushes the
-model's expiry out, `keep_alive: 0` unloads right after the request, negative keeps it forever.
+A loaded target is one GGUF with N slots (OLLAMA_NUM_PARALLEL, or the pair's runtime.num_parallel;
+default 1): each slot is a llama.cpp context with its own KV cache and its own worker thread, and
+every pair riding on the target has a drafter (for model drafts, a draft context) in every slot.
+Requests for the target queue in one FIFO and run on the first free slot, so N of them generate at
+once. Weights are memory-mapped once per file however many pairs and slots use them. keep_alive
+works as in Ollama: each request pushes the model's expiry out, `keep_alive: 0` unloads right after
+the request, negative keeps it forever.
+
+Ollama picks its parallelism automatically from free memory; here it defaults to 1, because every
+slot costs a whole KV cache (and a draft KV cache) and a local daemon mostly serves one client.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -27,7 +34,7 @@ from sidecar.engine.pairing import check_pair
 from sidecar.models.gguf import read_metadata
 from sidecar.models.resolve import ResolvedModel, Stores, resolve
 from sidecar.runtime.options import Effective
-from sidecar.runtime.worker import Worker, stream
+from sidecar.runtime.worker import Pool, stream
 from sidecar.templates.chat import ChatTemplate, choose
 
 log = logging.getLogger("sidecar.runtime")
@@ -38,6 +45,22 @@ DEFAULT_NUM_CTX = 4096
 
 class ServerBusy(RuntimeError):
     pass
+
+
+class ShuttingDown(RuntimeError):
+    """The daemon is stopping: no new work, and running generations were cut at the drain deadline."""
+
+
+def num_parallel_default() -> int:
+    """OLLAMA_NUM_PARALLEL, as Ollama reads it; unset, empty or not a positive integer: 1."""
+    raw = os.environ.get("OLLAMA_NUM_PARALLEL", "").strip()
+    try:
+        n = int(raw)
+    except ValueError:
+        if raw:
+            log.warning("OLLAMA_NUM_PARALLEL=%r is not an integer; using 1", raw)
+        return 1
+    return n if n >= 1 else 1
 
 
 @dataclass
@@ -77,20 +100,26 @@ class WeightsRegistry:
         # several threads at once: without the lock two loads of one file could both map it.
         self._lock = threading.RLock()
 
-    def acquire(self, path: Path, n_gpu_layers: int) -> Weights:
+    def acquire(self, path: Path, n_gpu_layers: int, role: str = "target") -> Weights:
         with self._lock:
-            return self._acquire(path, n_gpu_layers)
+            return self._acquire(path, n_gpu_layers, role)
 
-    def _acquire(self, path: Path, n_gpu_layers: int) -> Weights:
+    def _acquire(self, path: Path, n_gpu_layers: int, role: str) -> Weights:
         key = (str(path.resolve()), n_gpu_layers)
         w, n = self._loaded.get(key, (None, 0))
         if w is None:
+            # A big model takes a while to map (and longer to offload): say so before, and after.
+            size = path.stat().st_size
+            log.info("loading %s model %s (%.1f MiB)", role, path, size / 2**20)
             t0 = time.perf_counter()
             w = Weights(path, n_gpu_layers=n_gpu_layers)
             log.info(
-                "loaded %s in %.2fs: %d of %d layers on the GPU (%s)", path.name, time.perf_counter() - t0,
-                w.gpu_layers, w.n_layer + 1, "GPU offload available" if gpu_offload_supported() else "CPU only",
+                "%s model loaded: %s in %.2fs, %d of %d layers on the GPU (%s)", role, path.name,
+                time.perf_counter() - t0, w.gpu_layers, w.n_layer + 1,
+                "GPU offload available" if gpu_offload_supported() else "CPU only",
             )
+        else:
+            log.info("%s model %s already loaded; shared (%d users)", role, path.name, n + 1)
         self._loaded[key] = (w, n + 1)
         return w
 
@@ -121,27 +150,40 @@ class WeightsRegistry:
 
 @dataclass
 class PairEngine:
-    """What one pair adds on top of its target: a drafter, its cost model, its template."""
+    """What one pair adds on top of its target: per slot a decoder (with its drafter), one cost model."""
 
-    decoder: Decoder
-    draft_ctx: Context | None
+    decoders: list[Decoder]  # decoders[i] runs on slot i's context, on slot i's thread
+    draft_ctxs: list[Context]  # model drafts: draft_ctxs[i] belongs to slot i; empty otherwise
     draft_weights: Weights | None
     entry: PairEntry | None = None  # the declaration it was built from; a reload compares against it
 
 
+@dataclass(eq=False)
+class Slot:
+    """One sequence a target can run: a context (KV cache) over the shared weights, owned by one thread."""
+
+    index: int
+    ctx: Context
+
+
 @dataclass
 class Loaded:
-    """A loaded target model: weights, one context, its thread, and the pairs riding on it."""
+    """A loaded target model: weights, its slots and their threads, and the pairs riding on it."""
 
     key: str
     weights: Weights
-    ctx: Context
-    worker: Worker
+    slots: list[Slot]
+    pool: Pool[Slot]
     pairs: dict[str, PairEngine] = field(default_factory=dict)
     expires_at: float | None = None  # time.time() deadline; None = never
     in_flight: int = 0
     timer: asyncio.TimerHandle | None = None
     calibrated: CostModel | None = None
+
+    @property
+    def n_ctx(self) -> int:
+        """The context length of each slot (every slot has the same)."""
+        return self.slots[0].ctx.n_ctx
 
 
 @dataclass
@@ -185,10 +227,13 @@ class Outcome:
 
 
 class Runtime:
-    def __init__(self, *, keep_alive: float = 300.0, max_queue: int = 512) -> None:
+    def __init__(self, *, keep_alive: float = 300.0, max_queue: int = 512, num_parallel: int = 1) -> None:
         self.entries: dict[str, PairEntry] = {}
         self.keep_alive = keep_alive
         self.max_queue = max_queue
+        self.num_parallel = num_parallel  # slots per target unless its pair sets runtime.num_parallel
+        # Set at the end of a shutdown's drain: every running generation stops at its next step.
+        self.halt = threading.Event()
         self.weights = WeightsRegistry()
         self._loaded: dict[str, Loaded] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -207,10 +252,13 @@ class Runtime:
             name += ":latest"
         return self.entries.get(name)
 
+    def parallel(self, entry: PairEntry) -> int:
+        return entry.config.runtime.num_parallel or self.num_parallel
+
     def _key(self, entry: PairEntry) -> str:
         rt = entry.config.runtime
         return (f"{entry.target.path.resolve()}|gpu={rt.num_gpu}|b={rt.num_batch}"
-                f"|fa={rt.flash_attn}|kv={rt.kv_cache_type}")
+                f"|fa={rt.flash_attn}|kv={rt.kv_cache_type}|np={self.parallel(entry)}")
 
     def loaded_models(self) -> list[Loaded]:
         """Targets loaded right now (each with its context, thread and pairs)."""
@@ -233,7 +281,7 @@ class Runtime:
         t0 = time.perf_counter()
         async with lock:
             lm = self._loaded.get(key)
-            if lm is not None and lm.ctx.n_ctx != n_ctx:
+            if lm is not None and lm.n_ctx != n_ctx:
                 # Like Ollama: a different num_ctx means a reload; in-flight requests finish first.
                 self._unload(lm)
                 lm = None
@@ -245,8 +293,7 @@ class Runtime:
                     self._loaded[key] = lm
                 if not self._has_engine(lm, entry):
                     loaded = True
-                    target = lm
-                    self._install(lm, entry, await lm.worker.call(lambda: self._load_pair(entry, target)))
+                    self._install(lm, entry, await self._load_pair(entry, lm))
             except Exception:
                 self._report_load(entry.name, time.perf_counter() - t0, False)
                 raise
@@ -263,48 +310,78 @@ class Runtime:
             self._backend_logged = True
             log.info("llama.cpp backend: %s", system_info())
         rt = entry.config.runtime
-        log.info("loading %s for %s (num_ctx %d)", entry.target.path.name, entry.name, n_ctx)
-        weights = self.weights.acquire(entry.target.path, rt.num_gpu)
+        n = self.parallel(entry)
+        log.info("loading %s for %s (num_ctx %d, %d slot%s)", entry.target.path.name, entry.name, n_ctx, n,
+                 "" if n == 1 else "s")
+        weights = self.weights.acquire(entry.target.path, rt.num_gpu, role="target")
+        slots: list[Slot] = []
         try:
-            ctx = Context(weights, ContextParams(
-                n_ctx=n_ctx, n_batch=min(rt.num_batch, n_ctx), n_threads=rt.num_thread,
-                flash_attn=rt.flash_attn, type_k=KV_TYPES[rt.kv_cache_type], type_v=KV_TYPES[rt.kv_cache_type],
-            ))
+            for i in range(n):
+                slots.append(Slot(i, Context(weights, ContextParams(
+                    n_ctx=n_ctx, n_batch=min(rt.num_batch, n_ctx), n_threads=rt.num_thread, flash_attn=rt.flash_attn,
+                    type_k=KV_TYPES[rt.kv_cache_type], type_v=KV_TYPES[rt.kv_cache_type],
+                ))))
         except Exception:
+            for slot in slots:
+                slot.ctx.close()
             self.weights.release(weights)
             raise
-        return Loaded(key, weights, ctx, Worker(entry.name))
+        return Loaded(key, weights, slots, Pool(entry.name, slots))
 
-    def _load_pair(self, entry: PairEntry, lm: Loaded) -> PairEngine:
-        """Runs on the target's worker thread: build the drafter and measure the cost curve."""
+    async def _load_pair(self, entry: PairEntry, lm: Loaded) -> PairEngine:
+        """Build the pair's drafter in every slot (each on its slot's thread) and measure the cost curve."""
         spec = entry.config.speculative.engine()
-        drafter: Drafter | None = None
-        draft_ctx = draft_w = None
         d = entry.config.draft
-        if isinstance(d, NgramDraft):
-            drafter = NgramDrafter(d.min_n, d.max_n)
-        elif isinstance(d, ModelDraft) and entry.draft is not None:
-            draft_w = self.weights.acquire(entry.draft.path, d.num_gpu)
-            try:
-                check_pair(lm.weights, draft_w)
+        draft_w: Weights | None = None
+        if isinstance(d, ModelDraft) and entry.draft is not None:
+            draft_w = await asyncio.to_thread(self._acquire_draft, entry.draft.path, d, lm)
+        made: list[Context] = []  # draft contexts created so far, to free if another slot fails
+
+        def build(slot: Slot) -> tuple[Drafter | None, CostModel | None]:
+            drafter: Drafter | None = None
+            draft_ctx = None
+            if isinstance(d, NgramDraft):
+                drafter = NgramDrafter(d.min_n, d.max_n)
+            elif draft_w is not None and isinstance(d, ModelDraft):
                 draft_ctx = Context(draft_w, ContextParams(
-                    n_ctx=lm.ctx.n_ctx, n_batch=min(d.num_batch, lm.ctx.n_ctx), n_threads=d.num_thread,
+                    n_ctx=slot.ctx.n_ctx, n_batch=min(d.num_batch, slot.ctx.n_ctx), n_threads=d.num_thread,
                     flash_attn=d.flash_attn, type_k=KV_TYPES[d.kv_cache_type], type_v=KV_TYPES[d.kv_cache_type],
                 ))
-            except Exception:
+                made.append(draft_ctx)
+                drafter = ModelDrafter(draft_ctx, spec.p_min)
+            # One slot measures for all: the slots run the same model on the same hardware.
+            cost = self._cost_model(lm, slot.ctx, spec, draft_ctx) if drafter and slot.index == 0 else None
+            return drafter, cost
+
+        try:
+            parts = await asyncio.wrap_future(lm.pool.broadcast(build))
+        except Exception:
+            for c in made:  # every slot is past the broadcast: nothing uses them
+                c.close()
+            if draft_w is not None:
                 self.weights.release(draft_w)
-                raise
-            drafter = ModelDrafter(draft_ctx, spec.p_min)
-        cost = self._cost_model(lm, spec, draft_ctx) if drafter else None
-        return PairEngine(Decoder(lm.ctx, drafter, spec, cost), draft_ctx, draft_w, entry)
+            raise
+        cost = parts[0][1]  # shared: acceptance learnt on one slot steers the others too
+        decoders = [Decoder(slot.ctx, drafter, spec, cost) for slot, (drafter, _) in zip(lm.slots, parts, strict=True)]
+        draft_ctxs = [drafter.ctx for drafter, _ in parts if isinstance(drafter, ModelDrafter)]
+        return PairEngine(decoders, draft_ctxs, draft_w, entry)
+
+    def _acquire_draft(self, path: Path, d: ModelDraft, lm: Loaded) -> Weights:
+        draft_w = self.weights.acquire(path, d.num_gpu, role="draft")
+        try:
+            check_pair(lm.weights, draft_w)
+        except Exception:
+            self.weights.release(draft_w)
+            raise
+        return draft_w
 
     @staticmethod
-    def _cost_model(lm: Loaded, spec: SpeculativeConfig, draft_ctx: Context | None) -> CostModel:
+    def _cost_model(lm: Loaded, ctx: Context, spec: SpeculativeConfig, draft_ctx: Context | None) -> CostModel:
         rows = spec.n_max + 1
         if lm.calibrated is None or len(lm.calibrated.t_step) <= rows:
             t0 = time.perf_counter()
             cal = CostModel(rows)
-            cal.calibrate(lm.ctx)
+            cal.calibrate(ctx)
             lm.calibrated = cal
             curve = ", ".join(f"{v:.2f}" for v in cal.verify_curve())
             log.info("verify cost curve of %s (x one-token step, n = 1..%d): %s [%.2fs]",
@@ -317,21 +394,27 @@ class Runtime:
 
     # -- unloading and keep_alive ------------------------------------------------------------
     def _unload(self, lm: Loaded) -> None:
-        """Forget the model now; its thread frees it after the requests already queued on it."""
+        """Forget the model now; its threads free it after the requests already queued on it."""
         if self._loaded.get(lm.key) is lm:
             del self._loaded[lm.key]
         if lm.timer:
             lm.timer.cancel()
 
-        def free() -> None:
+        def free_slot(slot: Slot) -> None:
             for pe in list(lm.pairs.values()):
-                self._free_engine(pe)
-            lm.ctx.close()
+                if slot.index < len(pe.draft_ctxs):
+                    pe.draft_ctxs[slot.index].close()
+            slot.ctx.close()
+
+        def release() -> None:
+            for pe in list(lm.pairs.values()):
+                if pe.draft_weights is not None:
+                    self.weights.release(pe.draft_weights)
             self.weights.release(lm.weights)
             log.info("unloaded %s", lm.weights.path.name)
 
-        lm.worker.submit(free)
-        lm.worker.stop()
+        lm.pool.broadcast(free_slot, release)
+        lm.pool.stop()
 
     async def unload(self, entry: PairEntry) -> None:
         lm = self._loaded.get(self._key(entry))
@@ -341,7 +424,7 @@ class Runtime:
     async def unload_all(self) -> None:
         for lm in list(self._loaded.values()):
             self._unload(lm)
-            await asyncio.to_thread(lm.worker.join, 30)
+            await asyncio.to_thread(lm.pool.join, 30)
 
     def touch(self, lm: Loaded, keep_alive: float | None) -> None:
         """Push the model's expiry out by keep_alive seconds (negative: never; 0: now)."""
@@ -358,7 +441,10 @@ class Runtime:
 
     def _expire(self, lm: Loaded) -> None:
         lm.timer = None
-        if lm.in_flight:
+        loading = self._locks.get(lm.key)
+        # A request loading a pair onto it has queued (or is about to queue) work on its slots:
+        # stopping their threads now would leave that request waiting forever. Look again later.
+        if lm.in_flight or (loading is not None and loading.locked()):
             lm.timer = asyncio.get_running_loop().call_later(1.0, self._expire, lm)
         elif lm.expires_at is not None and time.time() >= lm.expires_at - 0.01:
             self._unload(lm)
@@ -404,20 +490,26 @@ class Runtime:
         old = lm.pairs.get(entry.name)
         lm.pairs[entry.name] = pe
         if old is not None and old is not pe:
-            lm.worker.submit(lambda: self._free_engine(old))
+            self._free_engine(lm, old)
 
-    def _free_engine(self, pe: PairEngine) -> None:
-        """Runs on the model's thread, after every job queued before it (so after its streams)."""
-        if pe.draft_ctx is not None:
-            pe.draft_ctx.close()
-        if pe.draft_weights is not None:
-            self.weights.release(pe.draft_weights)
-            log.info("freed draft %s of %s", pe.draft_weights.path.name, pe.entry.name if pe.entry else "?")
+    def _free_engine(self, lm: Loaded, pe: PairEngine) -> None:
+        """Free a pair's drafters behind every job queued before this (so after its streams)."""
+
+        def free_slot(slot: Slot) -> None:
+            if slot.index < len(pe.draft_ctxs):
+                pe.draft_ctxs[slot.index].close()
+
+        def release() -> None:
+            if pe.draft_weights is not None:
+                self.weights.release(pe.draft_weights)
+                log.info("freed draft %s of %s", pe.draft_weights.path.name, pe.entry.name if pe.entry else "?")
+
+        lm.pool.broadcast(free_slot, release)
 
     def _drop_engine(self, lm: Loaded, name: str) -> None:
         pe = lm.pairs.pop(name, None)
         if pe is not None:
-            lm.worker.submit(lambda: self._free_engine(pe))
+            self._free_engine(lm, pe)
 
     def _reconcile(self) -> None:
         """Bring what is loaded in line with self.entries (after apply, and retried while busy)."""
@@ -479,7 +571,10 @@ class Runtime:
 
         `prompt(loaded)` returns the prompt text (tokenized with special tokens parsed) and any
         token ids to put before it (Ollama's deprecated `context`). `format` is Ollama's: "json"
-        or a JSON schema the output must follow; a bad one raises GrammarError before any loading."""
+        or a JSON schema the output must follow; a bad one raises GrammarError before any loading.
+        Raises ShuttingDown when the drain deadline of a shutdown cut the generation short."""
+        if self.halt.is_set():
+            raise ShuttingDown("server shutting down")
         grammar = gbnf_for_format(format)
         if self._pending >= self.max_queue:
             raise ServerBusy("server busy, please try again.  maximum pending requests exceeded")
@@ -495,11 +590,15 @@ class Runtime:
                 # Add BOS when the vocabulary wants it, unless the template already wrote it.
                 add_special = not lm.weights.starts_with_bos(text)
 
-                def produce(cancelled: Callable[[], bool]) -> Iterator[str | Result]:
+                def produce(slot: Slot, cancelled: Callable[[], bool]) -> Iterator[str | Result]:
                     tokens = list(before or []) + lm.weights.tokenize(
                         text, add_special=add_special and not before, parse_special=True)
                     req = Request(tokens, opts.sampling, opts.num_predict, opts.stop, speculate, n_max, grammar)
-                    for item in pe.decoder.generate(req, cancelled):
+
+                    def stop() -> bool:  # the client went away, or the shutdown's drain deadline passed
+                        return cancelled() or self.halt.is_set()
+
+                    for item in pe.decoders[slot.index].generate(req, stop):
                         if isinstance(item, Result):
                             yield Outcome(item, load_seconds, tokens + item.tokens)  # type: ignore[misc]
                         else:
@@ -507,9 +606,11 @@ class Runtime:
 
                 # Close the inner stream explicitly: an abandoned async generator is only finalised
                 # by the garbage collector, and until then the worker keeps generating.
-                items = stream(lm.worker, produce)
+                items = stream(lm.pool, produce)
                 try:
                     async for item in items:
+                        if isinstance(item, Outcome) and item.result.done_reason == "cancel" and self.halt.is_set():
+                            raise ShuttingDown("server shutting down")
                         yield item
                 finally:
                     await items.aclose()

@@ -1,10 +1,17 @@
-"""One OS thread per llama.cpp context, and the bounded bridge between it and asyncio.
+"""Worker threads for llama.cpp contexts, and the bounded bridge between them and asyncio.
 
-llama.cpp contexts are not thread-safe, so every call that touches one runs on its worker thread,
-one job at a time in arrival order (that is also the per-model request queue). A streaming job
-hands its items to the event loop through a small asyncio.Queue: when the client reads slowly the
-queue fills and the worker blocks, so generation never runs ahead of the client; when the client
-goes away the job sees the cancel flag within one decode step and stops.
+llama.cpp contexts are not thread-safe, so every call that touches one runs on the thread that
+owns it. A loaded model has one or more *slots* (OLLAMA_NUM_PARALLEL), each a context with its own
+thread; a `Pool` is those threads pulling jobs from one FIFO queue, so a job runs on the first slot
+that is free and jobs run in arrival order (that queue is also the per-model request queue). With
+one slot this is exactly one thread working through its queue.
+
+A streaming job hands its items to the event loop through a small asyncio.Queue: when the client
+reads slowly the queue fills and the worker blocks, so generation never runs ahead of the client;
+when the client goes away the job sees the cancel flag within one decode step and stops.
+
+Every job runs in a copy of the submitter's contextvars, so log lines from a worker carry the
+request id of the request they work for.
 """
 
 from __future__ import annotations
@@ -12,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+S = TypeVar("S")
 _STOP = object()
 _END = object()
 
@@ -26,49 +35,96 @@ class Cancelled(Exception):
     """The consumer of a stream went away."""
 
 
-class Worker:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._jobs: queue.Queue[Any] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name=f"llama:{name}", daemon=True)
-        self._thread.start()
+class Pool(Generic[S]):
+    """One thread per slot, all taking jobs from one queue; a job gets the slot it runs on."""
 
-    def _run(self) -> None:
+    def __init__(self, name: str, slots: Sequence[S]) -> None:
+        self.name = name
+        self.slots = list(slots)
+        self._index = {id(s): i for i, s in enumerate(self.slots)}
+        self._jobs: queue.Queue[Any] = queue.Queue()
+        self._threads = [threading.Thread(target=self._run, args=(slot,), name=f"llama:{name}#{i}", daemon=True)
+                         for i, slot in enumerate(self.slots)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, slot: S) -> None:
         while True:
             item = self._jobs.get()
             if item is _STOP:
                 return
-            fn, fut = item
+            fn, fut, ctx = item
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
-                fut.set_result(fn())
+                fut.set_result(ctx.run(fn, slot))
             except BaseException as e:  # delivered to the awaiting request, never kills the thread
                 fut.set_exception(e)
 
-    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+    def submit(self, fn: Callable[[S], T]) -> concurrent.futures.Future[T]:
+        """Run fn(slot) on the first free slot, after every job submitted before it has started."""
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._jobs.put((fn, fut))
+        self._jobs.put((fn, fut, contextvars.copy_context()))
         return fut
 
-    async def call(self, fn: Callable[[], T]) -> T:
+    async def call(self, fn: Callable[[S], T]) -> T:
         return await asyncio.wrap_future(self.submit(fn))
 
+    def broadcast(self, fn: Callable[[S], T], then: Callable[[], None] | None = None
+                  ) -> concurrent.futures.Future[list[T]]:
+        """Run fn(slot) once on every slot, then `then()` once all of them are through.
+
+        Each slot runs its call after finishing the job it had taken before, so fn may free what
+        that slot alone uses. A barrier holds each thread until every slot has run its call: that is
+        what makes every slot take exactly one of the N queued calls, and it lets `then` free what
+        the slots share. The result lists fn's results by slot; the first failure is raised after
+        all have run (and after `then`)."""
+        n = len(self.slots)
+        results: list[Any] = [None] * n
+        errors: list[BaseException] = []
+        done: concurrent.futures.Future[list[T]] = concurrent.futures.Future()
+
+        def finish() -> None:  # the barrier's action: runs once, in the last thread to arrive
+            try:
+                if then is not None:
+                    then()
+            except BaseException as e:
+                errors.append(e)
+            if errors:
+                done.set_exception(errors[0])
+            else:
+                done.set_result(results)
+
+        barrier = threading.Barrier(n, action=finish)
+
+        def one(slot: S) -> None:
+            try:
+                results[self._index[id(slot)]] = fn(slot)
+            except BaseException as e:
+                errors.append(e)
+            barrier.wait()
+
+        for _ in range(n):
+            self.submit(one)
+        return done
+
     def stop(self) -> None:
-        """Finish queued jobs, then end the thread."""
-        self._jobs.put(_STOP)
+        """End every thread once the jobs queued before this have run."""
+        for _ in self._threads:
+            self._jobs.put(_STOP)
 
     def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
+        for t in self._threads:
+            t.join(timeout)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return any(t.is_alive() for t in self._threads)
 
 
-async def stream(worker: Worker, produce: Callable[[Callable[[], bool]], Iterator[Any]],
+async def stream(pool: Pool[S], produce: Callable[[S, Callable[[], bool]], Iterator[Any]],
                  maxsize: int = 4) -> AsyncIterator[Any]:
-    """Run `produce(cancelled)` on the worker and yield its items on the event loop.
+    """Run `produce(slot, cancelled)` on a free slot of the pool and yield its items on the event loop.
 
     Exceptions raised by the producer are re-raised here. Leaving the `async for` early (client
     disconnect, server shutdown) sets the cancel flag; the producer stops at its next check."""
@@ -88,9 +144,9 @@ async def stream(worker: Worker, produce: Callable[[Callable[[], bool]], Iterato
         except RuntimeError:  # the loop closed under us
             raise Cancelled from None
 
-    def job() -> None:
+    def job(slot: S) -> None:
         try:
-            for item in produce(cancel.is_set):
+            for item in produce(slot, cancel.is_set):
                 put(item)
             put(_END)
         except Cancelled:
@@ -100,7 +156,7 @@ async def stream(worker: Worker, produce: Callable[[Callable[[], bool]], Iterato
                 with contextlib.suppress(Cancelled):
                     put(_Failure(e))
 
-    done = worker.submit(job)
+    done = pool.submit(job)
     try:
         while True:
             item = await out.get()
