@@ -138,13 +138,16 @@ def kv_bytes(path: Path, n_ctx: int) -> int:
 
 
 def test_resident_memory_stays_within_the_models(tmp_path: Path, tiny_pair: tuple[Path, Path]) -> None:
-    """Target + model draft loaded (two pairs sharing both): RSS within the files, their KV caches and 250 MB."""
+    """Target + model draft loaded (two pairs sharing both): RSS within the files, their KV caches and 250 MB.
+
+    Speculation is not adaptive here, so the draft runs whatever this machine's cost model says."""
     target, draft = tiny_pair
     n_ctx = 2048
     pair = f"""
     from: {target}
     draft: {draft}
     parameters: {{temperature: 0, num_ctx: {n_ctx}}}
+    speculative: {{adaptive: false}}
     runtime: {{num_thread: 1}}"""
     cfg = write_config(tmp_path / "pairs.yaml", f"pairs:\n  one:pair:{pair}\n  two:pair:{pair}\n    system: other\n")
     d = Daemon(cfg)

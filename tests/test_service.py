@@ -16,6 +16,7 @@ import pytest
 
 from sidecar.cli import drain_timeout
 from tests.conftest import SMOLLM2_REF, Daemon, write_config
+from tests.models import write_tiny_llama
 
 T = 120
 
@@ -90,6 +91,22 @@ pairs:
 """)
 
 
+@pytest.fixture
+def endless_config(tmp_path: Path, model_dir: Path) -> Path:
+    """A model that never ends its output, wide enough to take seconds for its 4096-token context
+    (SmolLM2 may end a long answer before a short deadline passes)."""
+    path = model_dir / "endless-wide.gguf"
+    if not path.exists():
+        write_tiny_llama(path, seed=1, end_bias=0.0, n_embd=512, n_head=8, n_head_kv=4, n_ff=1024, n_layer=8)
+    return write_config(tmp_path / "pairs.yaml", f"""
+pairs:
+  smol:plain:
+    from: {path}
+    parameters: {{temperature: 0, num_ctx: 4096}}
+    runtime: {{num_thread: 1}}
+""")
+
+
 def open_stream(d: Daemon, num_predict: int) -> tuple[httpx.Client, Iterator[str], list[dict[str, Any]]]:
     """A running stream whose first chunk has arrived; the caller reads the rest."""
     client = httpx.Client(timeout=T)
@@ -135,8 +152,8 @@ def test_stop_drains_running_streams(smol_config: Path, sig: signal.Signals) -> 
     assert "drain deadline passed" not in d.log()
 
 
-def test_stop_cuts_streams_at_the_deadline(smol_config: Path) -> None:
-    d = Daemon(smol_config, env={"SIDECAR_DRAIN_TIMEOUT": "0.5"})
+def test_stop_cuts_streams_at_the_deadline(endless_config: Path) -> None:
+    d = Daemon(endless_config, env={"SIDECAR_DRAIN_TIMEOUT": "0.5"})
     # A stream as long as the context allows, and a request queued behind it on the same model.
     queued: dict[str, Any] = {}
 
