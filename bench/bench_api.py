@@ -25,10 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-# Both sides under the daemon's libgomp idle policy (see sidecar/engine/llama.py), so the ratio
-# compares the loops and not the policy; set OMP_WAIT_POLICY yourself to compare another.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import httpx
 import llama_cpp
 import ollama

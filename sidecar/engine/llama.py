@@ -17,14 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-# ggml's CPU backend runs each decode in an OpenMP parallel region. Between decodes, libgomp's
-# default keeps the idle threads spinning, which on a small machine takes the cores that the event
-# loop, the HTTP client and the sampler need between tokens (and under contention from other
-# processes, spinning threads slow every decode many times over). PASSIVE lets them sleep; a
-# decode wakes them in microseconds. libgomp reads this once when it loads, i.e. on the import
-# below; the environment still overrides it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import llama_cpp as C
 import numpy as np
 
