@@ -6,9 +6,9 @@ thread; a `Pool` is those threads pulling jobs from one FIFO queue, so a job run
 that is free and jobs run in arrival order (that queue is also the per-model request queue). With
 one slot this is exactly one thread working through its queue.
 
-A streaming job hands its items to the event loop through a small asyncio.Queue: when the client
-reads slowly the queue fills and the worker blocks, so generation never runs ahead of the client;
-when the client goes away the job sees the cancel flag within one decode step and stops.
+A streaming job hands its items to the event loop through a bounded buffer: when the client reads
+slowly the buffer fills and the worker blocks, so generation never runs ahead of the client; when
+the client goes away the job sees the cancel flag within one decode step and stops.
 
 Every job runs in a copy of the submitter's contextvars, so log lines from a worker carry the
 request id of the request they work for.
@@ -22,6 +22,7 @@ import contextlib
 import contextvars
 import queue
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -123,26 +124,29 @@ class Pool(Generic[S]):
 
 
 async def stream(pool: Pool[S], produce: Callable[[S, Callable[[], bool]], Iterator[Any]],
-                 maxsize: int = 4) -> AsyncIterator[Any]:
+                 maxsize: int = 16) -> AsyncIterator[Any]:
     """Run `produce(slot, cancelled)` on a free slot of the pool and yield its items on the event loop.
 
     Exceptions raised by the producer are re-raised here. Leaving the `async for` early (client
-    disconnect, server shutdown) sets the cancel flag; the producer stops at its next check."""
+    disconnect, server shutdown) sets the cancel flag; the producer stops at its next check.
+
+    Every item stays its own item (one token piece, one chunk, as Ollama streams). The worker
+    wakes the event loop only when the consumer waits on an empty buffer: on a small machine each
+    wake-up is CPU taken from decoding, and a consumer that is still busy will look anyway."""
     loop = asyncio.get_running_loop()
-    out: asyncio.Queue[Any] = asyncio.Queue()  # bounded by `room`, not by the queue itself
+    buf: deque[Any] = deque()
     room = threading.Semaphore(maxsize)
     cancel = threading.Event()
+    handoff = _Handoff(loop, buf)
 
     def put(item: Any) -> None:
         # Wait only when `maxsize` items are unread (backpressure); otherwise hand the item over
-        # without waiting for the event loop to wake, so decoding never stalls on it.
+        # without waiting for the event loop, so decoding never stalls on it.
         while not room.acquire(timeout=0.05):
             if cancel.is_set() or loop.is_closed():
                 raise Cancelled
-        try:
-            loop.call_soon_threadsafe(out.put_nowait, item)
-        except RuntimeError:  # the loop closed under us
-            raise Cancelled from None
+        buf.append(item)
+        handoff.notify()
 
     def job(slot: S) -> None:
         try:
@@ -159,7 +163,9 @@ async def stream(pool: Pool[S], produce: Callable[[S, Callable[[], bool]], Itera
     done = pool.submit(job)
     try:
         while True:
-            item = await out.get()
+            if not buf:
+                await handoff.wait()
+            item = buf.popleft()
             room.release()
             if item is _END:
                 break
@@ -171,6 +177,43 @@ async def stream(pool: Pool[S], produce: Callable[[S, Callable[[], bool]], Itera
         # Unblock a producer waiting for room so it notices the flag right away.
         room.release()
         del done
+
+
+class _Handoff:
+    """Wakes the event loop for a new item only while the consumer waits on an empty buffer.
+
+    Under the GIL each step is atomic: the consumer publishes that it waits, then looks at the
+    buffer again; the producer appends, then looks at the flag. Either the producer sees the flag
+    and wakes the consumer, or its item was there before the consumer looked again."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, buf: deque[Any]) -> None:
+        self.loop = loop
+        self.buf = buf
+        self.waiting = False
+        self.future: asyncio.Future[None] | None = None
+
+    async def wait(self) -> None:
+        while not self.buf:
+            self.future = self.loop.create_future()
+            self.waiting = True
+            if self.buf:
+                self.waiting = False
+                return
+            await self.future
+
+    def notify(self) -> None:
+        """Called from the worker thread after appending."""
+        if self.waiting:
+            self.waiting = False
+            try:
+                self.loop.call_soon_threadsafe(self._wake, self.future)
+            except RuntimeError:  # the loop closed under us
+                raise Cancelled from None
+
+    @staticmethod
+    def _wake(future: asyncio.Future[None] | None) -> None:
+        if future is not None and not future.done():
+            future.set_result(None)
 
 
 class _Failure:
