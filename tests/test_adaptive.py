@@ -286,6 +286,18 @@ def test_a_costly_probe_waits_until_the_budget_covers_it() -> None:
     assert ks.index(8) == 207
 
 
+def test_a_model_draft_starts_only_if_the_gain_repays_its_catch_up() -> None:
+    """Drafting would pay per round (2.2x, saving 0.54 steps a token), but the draft must first
+    prefill 1000 missed tokens (20 steps): worth it for 512 more tokens, not for 20."""
+    p = plan(FLAT, draft_has_cost=True, t_draft=0.05)
+    p.cost.t_catchup = 0.02
+    p.lag = lambda: 1000
+    assert p.draft_length(0, 20, 100) == 0
+    assert p.draft_length(0, INF, 100) > 0
+    p.lag = lambda: 1000  # once drafting, the catch-up is sunk: it does not stop it
+    assert p.draft_length(1, 20, 100) > 0
+
+
 def test_a_free_drafters_probe_is_budgeted_too() -> None:
     """An n-gram probe costs no draft, but its rejected 9-row batch costs 8 extra steps here."""
     p = plan(LINEAR, probe_interval=4)

@@ -65,6 +65,7 @@ class Speculative(Strict):
     probe_interval: int = Field(SpeculativeConfig.probe_interval, ge=1)
     probe_budget: float = Field(SpeculativeConfig.probe_budget, gt=0.0, le=1.0)
     min_gain: float = Field(SpeculativeConfig.min_gain, ge=1.0, le=2.0)
+    horizon: int = Field(SpeculativeConfig.horizon, ge=1)
     adaptive: bool = SpeculativeConfig.adaptive
 
     @model_validator(mode="after")

@@ -35,6 +35,7 @@ class SpeculativeConfig:
     probe_interval: int = 32  # tokens of target-only decoding before probing again (doubles)
     probe_budget: float = 0.03  # most of the target-only time that probing a costly draft may take
     min_gain: float = 1.05  # predicted speed-up needed to start drafting (keeping on needs > 1)
+    horizon: int = 512  # tokens a request without num_predict is assumed to have left
     acceptance_prior: float = 0.7  # per-position acceptance assumed before any evidence
     prior_weight: float = 0.5  # weak: on a CPU only near-certain acceptance pays, so evidence must rule
     adaptive: bool = True  # False: always draft n_max (llama.cpp's fixed draft length), no fallback
@@ -169,7 +170,9 @@ class Plan:
             # Earlier requests' evidence, capped so this request's own rounds can still move it.
             scale = min(1.0, 64.0 / evidence)
             plan._succ, plan._fail = cost.succ * scale, cost.fail * scale
-            if evidence >= 8 and plan._best_k(config.n_max) == 0:
+            known_bad = evidence >= 8 and plan._best_k(config.n_max) == 0
+            plan._drafting = False  # that was a question, not a round
+            if known_bad:
                 plan._idle = 0  # a draft known not to pay: probe late and rarely
                 plan._backoff = config.probe_interval * 4
         if 0 <= num_predict < config.min_predict:
@@ -184,23 +187,30 @@ class Plan:
             self._succ + self._fail + c.prior_weight
         )
 
-    def _best_k(self, k_cap: int) -> int:
+    def _best_k(self, k_cap: int, remaining: float = float("inf")) -> int:
         """The draft length with the most expected tokens per second; 0 if plain decoding wins.
 
         Starting to draft takes a predicted gain of `min_gain`, staying on only beats plain: the
-        model's estimates are noisy, and a pair right at break-even must not flap into losses."""
+        model's estimates are noisy, and a pair right at break-even must not flap into losses.
+        A model draft must also first prefill what it missed; starting pays only if the time the
+        gain saves over the tokens still to come (at most `horizon`) covers that."""
         a = self.acceptance
         t = self.cost.t_step
         t_d = self.cost.t_draft if self.draft_has_cost else 0.0
         if t[1] <= 0:
             return 0
-        best_k, best_rate = 0, (1.0 if self._drafting else self.config.min_gain) / t[1]
+        plain = 1.0 / t[1]
+        best_k, best_rate = 0, (1.0 if self._drafting else self.config.min_gain) * plain
         for k in range(max(1, self.config.n_min), min(k_cap, len(t) - 2) + 1):
             if t[k + 1] <= 0:
                 continue
             rate = expected_tokens(a, k) / (t_d * k + t[k + 1])
             if rate > best_rate:
                 best_k, best_rate = k, rate
+        if best_k and not self._drafting and self.draft_has_cost:
+            saved = min(remaining, self.config.horizon) * (1.0 / plain - 1.0 / best_rate)
+            if saved < self.lag() * self.cost.t_catchup:
+                best_k = 0
         self._drafting = best_k > 0
         return best_k
 
@@ -228,7 +238,7 @@ class Plan:
         if not c.adaptive:
             return k_cap
         a = self.acceptance
-        best_k = self._best_k(k_cap)
+        best_k = self._best_k(k_cap, remaining)
         if best_k > 0:
             self.fallback = None  # speculating again: `fallback` reports why it is off, if it is
         if best_k == 0:
@@ -278,7 +288,9 @@ class Plan:
         self._fail += 1 if accepted < drafted else 0
         self._spec_rounds += 1
         self._spec_tokens += accepted + 1
-        self._spec_seconds += draft_seconds + verify_seconds
+        # A catch-up prefill is paid once, when drafting starts; whether to go on drafting must
+        # not count it (it would stop drafting just as the investment starts to pay).
+        self._spec_seconds += (draft_seconds if step_seconds is None else step_seconds) + verify_seconds
         c = self.config
         if c.adaptive and self._spec_rounds >= c.fallback_rounds and self.cost.t_step[1] > 0:
             realised = self._spec_tokens / self._spec_seconds
