@@ -18,6 +18,7 @@ import pytest
 
 from sidecar.models.gguf import read_metadata
 from tests.conftest import Daemon, write_config
+from tests.models import write_tiny_llama
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -40,13 +41,22 @@ def proc_status(pid: int) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory, tiny: Path) -> Iterator[Daemon]:
+def daemon(tmp_path_factory: pytest.TempPathFactory, tiny: Path, model_dir: Path) -> Iterator[Daemon]:
     d = tmp_path_factory.mktemp("load")
+    endless = model_dir / "endless.gguf"
+    if not endless.exists():
+        write_tiny_llama(endless, seed=1, end_bias=0.0)
+    # Abandoning clients ask a model that never ends for a whole 4096-token context, so they
+    # really leave mid-stream rather than after a short answer was already written.
     cfg = write_config(d / "pairs.yaml", f"""
 pairs:
   tiny:test:
     from: {tiny}
     parameters: {{temperature: 0.7, num_ctx: 256}}
+    runtime: {{num_thread: 1}}
+  endless:test:
+    from: {endless}
+    parameters: {{temperature: 0.7, num_ctx: 4096, num_predict: -1}}
     runtime: {{num_thread: 1}}
 """)
     daemon = Daemon(cfg, env={"OLLAMA_MAX_QUEUE": str(4 * CLIENTS), "OLLAMA_NUM_PARALLEL": "2"})
@@ -56,7 +66,8 @@ pairs:
 
 async def one_client(client: httpx.AsyncClient, url: str, i: int, abandon: bool) -> list[dict[str, Any]] | None:
     """Stream one generation; abandon it after two chunks when asked. Returns the chunks of a full stream."""
-    body = {"model": "tiny:test", "prompt": f"client {i} says", "options": {"num_predict": NUM_PREDICT, "seed": i}}
+    body = {"model": "endless:test" if abandon else "tiny:test", "prompt": f"client {i} says",
+            "options": {"seed": i} if abandon else {"num_predict": NUM_PREDICT, "seed": i}}
     async with client.stream("POST", url + "/api/generate", json=body) as r:
         assert r.status_code == 200, await r.aread()
         raw: list[bytes] = []
@@ -110,6 +121,7 @@ def test_concurrent_streams_with_disconnects_leave_no_leak(daemon: Daemon) -> No
     assert len(warm) >= CLIENTS - CLIENTS // 4  # an abandoning client may see a short stream end first
     time.sleep(1)
     before = proc_status(pid)
+    left_before = disconnects(daemon)
     for _ in range(2):
         done = asyncio.run(round_of_load(daemon.url))
         assert len(done) >= CLIENTS - CLIENTS // 4
@@ -118,13 +130,22 @@ def test_concurrent_streams_with_disconnects_leave_no_leak(daemon: Daemon) -> No
     after = settle(pid, before["threads"])
     assert after["threads"] == before["threads"], (before, after)
     assert after["rss"] <= before["rss"] + 32 * MIB, (before, after)
+    # Every abandoning client left mid-stream, and the daemon saw it.
+    assert disconnects(daemon) - left_before == 2 * (CLIENTS // 4)
     # Nothing is left queued or running, and the daemon still answers.
     models = httpx.get(daemon.url + "/sidecar/status", timeout=T).json()["models"]
-    assert [m["in_flight"] for m in models] == [0]
+    assert [m["in_flight"] for m in models] == [0, 0]
     r = httpx.post(daemon.url + "/api/generate", timeout=T, json={
         "model": "tiny:test", "prompt": "x", "stream": False, "options": {"num_predict": 4}})
     assert r.status_code == 200 and r.json()["done"] is True
     assert "Traceback" not in daemon.log()
+
+
+def disconnects(daemon: Daemon) -> float:
+    """sidecar_client_disconnects_total, summed over its labels."""
+    text = httpx.get(daemon.url + "/metrics", timeout=T).text
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+               if ln.startswith("sidecar_client_disconnects_total"))
 
 
 def kv_bytes(path: Path, n_ctx: int) -> int:
