@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -82,6 +83,35 @@ def daemon_ndjson(http: httpx.Client, text: str, n: int) -> tuple[int, float]:
     return len(stamps), stamps[-1] - stamps[0]
 
 
+def thread_cpu(pid: int, tid: int) -> float:
+    """CPU seconds (user + system) one thread has used, from /proc (Linux)."""
+    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuShare:
+    """What streaming costs besides decoding: the daemon's event-loop thread and the reader's CPU.
+
+    On a machine whose cores all decode, this time is taken from the decode threads."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.on = sys.platform.startswith("linux")
+        self.loop = self.client = 0.0
+        self.tokens = 0
+
+    def measure(self, run: Callable[[], tuple[int, float]]) -> tuple[int, float]:
+        if not self.on:
+            return run()
+        loop0, client0 = thread_cpu(self.pid, self.pid), time.thread_time()
+        n, dt = run()
+        self.loop += thread_cpu(self.pid, self.pid) - loop0
+        self.client += time.thread_time() - client0
+        self.tokens += n
+        return n, dt
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=256)
@@ -104,6 +134,7 @@ def main() -> None:
                 daemon(client, chat_text(text), 8)
                 daemon_ndjson(http, chat_text(text), 8)
             rows = []
+            share = CpuShare(d.proc.pid)
             for name, q in PROMPTS.items():
                 text = chat_text(q)
                 rd, rs, ro = [], [], []
@@ -111,7 +142,7 @@ def main() -> None:
                     # Interleaved, so a burst of load on the machine hits all three alike.
                     n, dt = direct(llm, text, args.tokens)
                     rd.append((n - 1) / dt)
-                    n2, dt2 = daemon_ndjson(http, text, args.tokens)
+                    n2, dt2 = share.measure(lambda text=text: daemon_ndjson(http, text, args.tokens))
                     rs.append((n2 - 1) / dt2)
                     n3, dt3 = daemon(client, text, args.tokens)
                     ro.append((n3 - 1) / dt3)
@@ -127,6 +158,10 @@ def main() -> None:
         print(f"| {name} | {n} | {a:.1f} | {b:.1f} | {b / a:.3f} | {c:.1f} | {c / a:.3f} |")
     ga, gb, gc = (statistics.geometric_mean([r[i] for r in rows]) for i in (2, 3, 4))
     print(f"| geo-mean | | {ga:.1f} | {gb:.1f} | {gb / ga:.3f} | {gc:.1f} | {gc / ga:.3f} |")
+    if share.tokens:
+        per = 1e3 / share.tokens
+        print(f"\nCPU per streamed token (NDJSON reader runs): daemon event loop {share.loop * per:.3f} ms, "
+              f"reader {share.client * per:.3f} ms; one decode step {1e3 / ga:.2f} ms")
 
 if __name__ == "__main__":
     main()
