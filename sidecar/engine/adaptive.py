@@ -156,7 +156,7 @@ class Plan:
     _idle: int = 0
     _probing: bool = False
     _opening: bool = False
-    _drafting: bool = False
+    _drafting: bool = False  # the last decision was to draft (staying on needs no start margin)
 
     @classmethod
     def start(cls, config: SpeculativeConfig, cost: CostModel, draft_has_cost: bool, num_predict: int) -> Plan:
@@ -170,9 +170,7 @@ class Plan:
             # Earlier requests' evidence, capped so this request's own rounds can still move it.
             scale = min(1.0, 64.0 / evidence)
             plan._succ, plan._fail = cost.succ * scale, cost.fail * scale
-            known_bad = evidence >= 8 and plan._best_k(config.n_max) == 0
-            plan._drafting = False  # that was a question, not a round
-            if known_bad:
+            if evidence >= 8 and plan._best_k(config.n_max) == 0:
                 plan._idle = 0  # a draft known not to pay: probe late and rarely
                 plan._backoff = config.probe_interval * 4
         if 0 <= num_predict < config.min_predict:
@@ -211,7 +209,6 @@ class Plan:
             saved = min(remaining, self.config.horizon) * (1.0 / plain - 1.0 / best_rate)
             if saved < self.lag() * self.cost.t_catchup:
                 best_k = 0
-        self._drafting = best_k > 0
         return best_k
 
     def _probe_affordable(self, k: int) -> bool:
@@ -239,6 +236,7 @@ class Plan:
             return k_cap
         a = self.acceptance
         best_k = self._best_k(k_cap, remaining)
+        self._drafting = best_k > 0
         if best_k > 0:
             self.fallback = None  # speculating again: `fallback` reports why it is off, if it is
         if best_k == 0:
