@@ -106,14 +106,19 @@ class Generation:
             ev = await self._events.__anext__()
         self.outcome = ev
 
-    async def text(self) -> tuple[str, Outcome]:
-        """The whole text and the Outcome, for non-streaming answers."""
+    async def text(self, parser: ToolCallParser | None = None) -> tuple[str, list[dict[str, Any]], Outcome]:
+        """The whole text, the tool calls `parser` finds in it, and the Outcome (non-streaming answers)."""
         try:
             parts = [p async for p in self.pieces()]
         except Exception as e:
             raise api_error(e) from e
         assert self.outcome is not None
-        return "".join(parts), self.outcome
+        text = "".join(parts)
+        if parser is None:
+            return text, [], self.outcome
+        content, calls = parser.feed(text)
+        rest, more = parser.flush()
+        return content + rest, calls + more, self.outcome
 
     def finish(self, request: web.Request, entry: PairEntry) -> None:
         """Account a completed generation: the request's log line and its metrics."""
@@ -181,8 +186,3 @@ def template_source(entry: PairEntry) -> str:
     return entry.config.template or entry.target.template or (gguf if isinstance(gguf, str) else FALLBACK_TEMPLATE)
 
 
-def split_tool_calls(parser: ToolCallParser, text: str) -> tuple[str, list[dict[str, Any]]]:
-    """Run a whole (non-streamed) output through the tool-call parser: (content, calls)."""
-    content, calls = parser.feed(text)
-    rest, more = parser.flush()
-    return content + rest, calls + more

@@ -343,11 +343,8 @@ async def _run(request: web.Request, rt: Runtime, entry: PairEntry, body: dict[s
     # Nothing is sent until the first event, so early errors keep their status code.
     gen = await Generation.start(rt, entry, render, opts, keep_alive, fmt)
     if not stream:
-        text, outcome = await gen.text()
+        text, calls, outcome = await gen.text(parser)
         gen.finish(request, entry)
-        calls: list[dict[str, Any]] = []
-        if parser is not None:
-            text, calls = generation.split_tool_calls(parser, text)
         final = _chunk(entry, chat, text, True, calls)
         final.update(_final_fields(outcome, t_start, with_context))
         return web.Response(text=line(final).decode(), content_type="application/json")

@@ -300,11 +300,8 @@ async def _respond(request: web.Request, rt: Runtime, entry: PairEntry, render: 
     shape = _Shape(chat, entry)
     gen = await Generation.start(rt, entry, render, opts, None, fmt)  # errors before any byte keep their status
     if not stream:
-        text, outcome = await gen.text()
+        text, calls, outcome = await gen.text(parser)
         gen.finish(request, entry)
-        calls: list[dict[str, Any]] = []
-        if parser is not None:
-            text, calls = generation.split_tool_calls(parser, text)
         return json_response(shape.whole(text, outcome, calls))
 
     resp = web.StreamResponse(headers={"Content-Type": SSE})
