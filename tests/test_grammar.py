@@ -56,16 +56,6 @@ def generate(ctx: Context, drafter: Drafter | None, prompt: list[int], fmt: str 
     return "".join(str(p) for p in out[:-1]), result
 
 
-@pytest.fixture(scope="module")
-def tiny_engines(tiny_pair: tuple[Path, Path]) -> Iterator[tuple[Weights, Context, Context]]:
-    target_w, draft_w = Weights(tiny_pair[0], n_gpu_layers=0), Weights(tiny_pair[1], n_gpu_layers=0)
-    one = ContextParams(n_ctx=512, n_threads=1)
-    ctx, dctx = Context(target_w, one), Context(draft_w, one)
-    yield target_w, ctx, dctx
-    for x in (dctx, ctx, draft_w, target_w):
-        x.close()
-
-
 def test_format_to_gbnf() -> None:
     assert gbnf_for_format(None) is None and gbnf_for_format("") is None
     assert "root" in (gbnf_for_format("json") or "")

@@ -125,17 +125,6 @@ def test_smollm2_model_draft_greedy_identical(smol: tuple[Weights, Context], smo
     assert 0 < accepted < drafted, "the draft should be accepted sometimes and rejected sometimes"
 
 
-@pytest.fixture(scope="module")
-def tiny_engines(tiny_pair: tuple[Path, Path]) -> Iterator[tuple[Weights, Context, Context]]:
-    target_w, draft_w = Weights(tiny_pair[0], n_gpu_layers=0), Weights(tiny_pair[1], n_gpu_layers=0)
-    # One thread: a tiny model's decode is microseconds, and thread barriers would dominate it.
-    one = ContextParams(n_ctx=512, n_threads=1)
-    ctx, dctx = Context(target_w, one), Context(draft_w, one)
-    yield target_w, ctx, dctx
-    for x in (dctx, ctx, draft_w, target_w):
-        x.close()
-
-
 def test_tiny_pair_greedy_identical(tiny_engines: tuple[Weights, Context, Context]) -> None:
     w, ctx, dctx = tiny_engines
     rng = np.random.default_rng(0)
