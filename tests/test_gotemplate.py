@@ -16,10 +16,11 @@ import pytest
 from sidecar.templates.gotemplate import GoTemplate, TemplateError, render_ollama
 
 # ---------------------------------------------------------------------------------------------
-# Conformance: Ollama's own template test data (shared/conformance/ollama-templates)
+# Conformance: Ollama's own template test data (tests/data/ollama-templates, a copy of
+# shared/conformance/ollama-templates kept in the repo so a lone clone runs the whole suite)
 # ---------------------------------------------------------------------------------------------
 
-CONFORMANCE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "conformance" / "ollama-templates"
+CONFORMANCE_DIR = Path(__file__).resolve().parent / "data" / "ollama-templates"
 
 _USER = {"role": "user", "content": "Hello, how are you?"}
 _ASSISTANT = {"role": "assistant", "content": "I'm doing great. How can I help you today?"}
