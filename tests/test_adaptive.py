@@ -14,6 +14,7 @@ import pytest
 
 from sidecar.engine import adaptive
 from sidecar.engine.adaptive import CostModel, Plan, SpeculativeConfig, expected_tokens
+from sidecar.engine.drafters import Support
 from sidecar.engine.llama import Context, ContextParams, Weights
 
 INF = math.inf
@@ -177,17 +178,10 @@ def test_draft_length_never_exceeds_the_measured_table() -> None:
 
 
 def test_costly_verification_without_evidence_falls_back() -> None:
-    """When verifying k+1 rows costs k+1 steps, no draft pays even at the prior acceptance.
-
-    A free drafter still probes once, in full, before any evidence; a costly one does not."""
-    p = plan(LINEAR)
-    assert p.draft_length(0, INF, 100) == 8  # the opening probe
-    assert p.fallback == "verification too costly on this hardware"
-    p.record(drafted=8, accepted=0, draft_seconds=0.0, verify_seconds=LINEAR[8], produced=1)
-    assert p.draft_length(1, INF, 100) == 0
-    costly = plan(LINEAR, draft_has_cost=True, t_draft=0.1)
-    assert costly.draft_length(0, INF, 100) == 0
-    assert costly.fallback == "verification too costly on this hardware"
+    """When verifying k+1 rows costs k+1 steps, no draft pays even at the prior acceptance."""
+    for p in (plan(LINEAR), plan(LINEAR, draft_has_cost=True, t_draft=0.1)):
+        assert p.draft_length(0, INF, 100) == 0
+        assert p.fallback == "verification too costly on this hardware"
 
 
 def _record_rejections(p: Plan, rounds: int, t_step: Sequence[float]) -> None:
@@ -198,9 +192,9 @@ def _record_rejections(p: Plan, rounds: int, t_step: Sequence[float]) -> None:
 
 def test_low_acceptance_on_costly_hardware_backs_off_then_probes_again() -> None:
     """After rejected drafts on a CPU-like curve the plan stops drafting, but probes after
-    probe_interval plain steps, then after twice as many (a free drafter probes in full). The probe
-    budget is lifted here; the next test covers it."""
-    p = plan(CPU, probe_interval=4, fallback_rounds=1000, probe_budget=1.0)
+    probe_interval plain steps, then after twice as many, in full. The probe budget is lifted here;
+    a later test covers it."""
+    p = plan(CPU, draft_has_cost=True, probe_interval=4, fallback_rounds=1000, probe_budget=1.0)
     assert p.draft_length(0, INF, 100) > 0
     _record_rejections(p, 5, CPU)
     assert p.acceptance == pytest.approx(0.35 / 5.5)  # (0 + 0.7 x 0.5) / (5 + 0.5)
@@ -298,13 +292,52 @@ def test_a_model_draft_starts_only_if_the_gain_repays_its_catch_up() -> None:
     assert p.draft_length(1, 20, 100) > 0
 
 
-def test_a_free_drafters_probe_is_budgeted_too() -> None:
-    """An n-gram probe costs no draft, but its rejected 9-row batch costs 8 extra steps here."""
-    p = plan(LINEAR, probe_interval=4)
-    assert p.draft_length(0, INF, 100) == 8  # the opening probe is free of the budget
-    p.record(drafted=8, accepted=0, draft_seconds=0.0, verify_seconds=LINEAR[8], produced=1)
-    ks = [p.draft_length(i, INF, 100) for i in range(300)]
-    assert ks.index(8) == 266  # 8 / 0.03 = 266.7 plain steps
+def test_a_free_drafter_is_never_probed() -> None:
+    """An n-gram's support classes carry priors, so a class expected to lose is not paid for."""
+    p = plan(LINEAR, probe_interval=4, probe_budget=1.0)
+    assert [p.draft_length(i, INF, 100) for i in range(300)] == [0] * 300
+
+
+# -- support classes (drafters.Support) ------------------------------------------------------------
+
+
+def classed(p: Plan, key: int, prior: float | None = None) -> Plan:
+    p.support = lambda: Support(key=key, prior=prior)
+    return p
+
+
+def test_acceptance_is_kept_per_support_class() -> None:
+    """Rejections of drafts continuing short matches do not hold back those continuing long ones."""
+    p = classed(plan(CPU, fallback_rounds=1000), key=1, prior=0.5)
+    p.draft_length(0, INF, 100)
+    _record_rejections(p, 5, CPU)
+    assert p.acceptance == pytest.approx(0.25 / 5.5)  # (0 + 0.5 x 0.5) / (5 + 0.5)
+    assert p.draft_length(0, INF, 100) == 0
+    classed(p, key=5, prior=0.95)
+    assert p.draft_length(0, INF, 100) > 0
+    assert p.acceptance == pytest.approx(0.95)
+
+
+def test_a_class_without_evidence_starts_from_its_prior() -> None:
+    """A likely class drafts on its prior alone; an unlikely one waits, on costly verification."""
+    assert classed(plan(CPU), key=4, prior=0.9).draft_length(0, INF, 100) > 0
+    assert classed(plan(CPU), key=1, prior=0.3).draft_length(0, INF, 100) == 0
+
+
+def test_nothing_to_propose_is_a_plain_step() -> None:
+    p = plan(FLAT)
+    p.support = lambda: Support(ready=False)
+    assert p.draft_length(0, INF, 100) == 0
+
+
+def test_class_evidence_carries_over_to_the_next_request() -> None:
+    first = classed(plan(CPU, fallback_rounds=1000), key=2, prior=0.9)
+    first.draft_length(0, INF, 100)
+    _record_rejections(first, 10, CPU)
+    assert set(first.cost.evidence) == {2}
+    second = classed(Plan.start(first.config, first.cost, False, -1), key=2, prior=0.9)
+    assert second.draft_length(0, INF, 100) == 0
+    assert classed(second, key=3, prior=0.9).draft_length(0, INF, 100) > 0
 
 
 def test_calibrate_draft_measures_step_and_catchup(tiny: Path) -> None:

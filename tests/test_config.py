@@ -9,7 +9,7 @@ import pytest
 
 from sidecar.config.loader import BUNDLED, ConfigError, default_path, load, parse
 from sidecar.config.schema import Config, ModelDraft, NgramDraft
-from sidecar.engine.adaptive import SpeculativeConfig
+from sidecar.engine.adaptive import NGRAM_N_MAX, SpeculativeConfig
 
 HEAD = "pairs:\n  a:b:\n    from: t.gguf\n"  # lines 1-3 of most examples
 
@@ -67,6 +67,14 @@ def test_a_minimal_pair_gets_defaults(tmp_path: Path) -> None:
     assert pair.speculative.engine() == SpeculativeConfig()
     assert pair.runtime.num_gpu == -1 and pair.runtime.num_batch == 512
     assert pair.messages == [] and pair.template is None
+
+
+def test_an_ngram_pair_drafts_longer_by_default(tmp_path: Path) -> None:
+    """Copied stretches run long and n-gram drafts cost nothing: n_max defaults to NGRAM_N_MAX."""
+    pair = load_text(tmp_path, "pairs:\n  a:b:\n    from: x.gguf\n    draft: ngram\n").pairs["a:b"]
+    assert pair.speculative.engine(ngram=True).n_max == NGRAM_N_MAX > SpeculativeConfig.n_max
+    pair = load_text(tmp_path, "pairs:\n  a:b:\n    from: x.gguf\n    speculative: {n_max: 5}\n").pairs["a:b"]
+    assert pair.speculative.engine(ngram=True).n_max == 5
 
 
 def test_an_empty_file_has_no_pairs(tmp_path: Path) -> None:

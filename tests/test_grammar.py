@@ -19,7 +19,7 @@ import pytest
 
 from sidecar.engine.adaptive import CostModel, SpeculativeConfig
 from sidecar.engine.decoder import Decoder, Request, Result
-from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal
+from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal, Support
 from sidecar.engine.grammar import Grammar, GrammarError, gbnf_for_format
 from sidecar.engine.llama import Context, ContextParams, Weights
 from sidecar.engine.sampling import Sampler, SamplingParams
@@ -144,6 +144,9 @@ class Forbidden:
 
     def lag(self, context: Sequence[int]) -> int:
         return 0
+
+    def support(self, context: Sequence[int]) -> Support:
+        return Support()
 
 
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0, seed=5)])

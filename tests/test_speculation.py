@@ -15,7 +15,7 @@ from sidecar.engine.drafters import ModelDrafter
 from sidecar.engine.llama import Context, ContextParams, Weights
 from sidecar.engine.pairing import IncompatibleDraft, check_pair
 from sidecar.engine.sampling import SamplingParams
-from tests.conftest import Daemon, write_config
+from tests.conftest import SMOLLM2_REF, Daemon, write_config
 from tests.models import write_tiny_llama
 
 
@@ -104,18 +104,41 @@ pairs:
 
 
 def test_final_chunk_carries_speculation_counters(daemon: Daemon) -> None:
-    """SmolLM2 with the n-gram drafter, asked to repeat text: drafts are proposed and accepted."""
-    text = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma"
+    """SmolLM2 with the n-gram drafter, asked to edit code it must mostly copy: drafts are proposed
+    and accepted. The daemon's pair drafts whenever the cost model says it pays, which depends on
+    this machine's verify curve, so the counters are checked on a pair that always drafts too."""
+    code = (
+        "def load_settings(path):\n    with open(path) as handle:\n        lines = handle.read().splitlines()\n"
+        "    settings = {}\n    for line in lines:\n        if not line or line.startswith('#'):\n"
+        "            continue\n        key, value = line.split('=', 1)\n"
+        "        settings[key.strip()] = value.strip()\n    return settings\n"
+    )
+    edit = (f"Here is a Python function:\n\n{code}\nRename `settings` to `config` everywhere. "
+            "Reply with the complete edited function only.")
 
-    def chat(content: str, n: int) -> dict:
+    def chat(url: str, model: str, content: str, n: int) -> dict:
         # Raw HTTP: the official client's response models drop fields they do not know.
-        return httpx.post(daemon.url + "/api/chat", timeout=300, json={
-            "model": "smollm2:135m", "messages": [{"role": "user", "content": content}], "stream": False,
+        return httpx.post(url + "/api/chat", timeout=300, json={
+            "model": model, "messages": [{"role": "user", "content": content}], "stream": False,
             "options": {"temperature": 0, "num_predict": n}}).json()
 
-    r = chat(f"Repeat exactly: {text}", 64)
+    r = chat(daemon.url, "smollm2:135m", edit, 64)
     for key in ("draft_tokens", "draft_accepted_tokens", "draft_rounds", "fallback"):
         assert key in r
-    assert r["draft_tokens"] >= r["draft_accepted_tokens"] >= 0 and r["draft_rounds"] > 0
-    off = chat("hi", 8)
+    assert r["draft_tokens"] >= r["draft_accepted_tokens"] >= 0
+    cfg = write_config(daemon.log_path.parent / "always.yaml", f"""
+pairs:
+  smollm2:always:
+    from: {SMOLLM2_REF}
+    draft: ngram
+    speculative: {{adaptive: false, n_max: 4}}
+""")
+    always = Daemon(cfg)
+    try:
+        r = chat(always.url, "smollm2:always", edit, 64)
+    finally:
+        always.stop()
+    assert r["draft_rounds"] > 0 and r["draft_tokens"] >= r["draft_accepted_tokens"] > 0
+    assert r["fallback"] is None
+    off = chat(daemon.url, "smollm2:135m", "hi", 8)
     assert off["draft_rounds"] == 0 and "short output" in off["fallback"]

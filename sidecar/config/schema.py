@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from sidecar.engine.adaptive import SpeculativeConfig
+from sidecar.engine.adaptive import NGRAM_N_MAX, SpeculativeConfig
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-/]*:[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
@@ -56,7 +56,7 @@ class Parameters(Strict):
 class Speculative(Strict):
     """Speculation settings (engine.adaptive.SpeculativeConfig documents each)."""
 
-    n_max: int = Field(SpeculativeConfig.n_max, ge=1, le=64)
+    n_max: int | None = Field(None, ge=1, le=64)  # None: SpeculativeConfig.n_max, NGRAM_N_MAX for an n-gram draft
     n_min: int = Field(SpeculativeConfig.n_min, ge=1, le=64)
     p_min: float = Field(SpeculativeConfig.p_min, ge=0.0, le=1.0)
     min_predict: int = Field(SpeculativeConfig.min_predict, ge=0)
@@ -70,12 +70,15 @@ class Speculative(Strict):
 
     @model_validator(mode="after")
     def _order(self) -> Speculative:
-        if self.n_min > self.n_max:
+        if self.n_min > (self.n_max or SpeculativeConfig.n_max):
             raise ValueError("n_min must not exceed n_max")
         return self
 
-    def engine(self) -> SpeculativeConfig:
-        return SpeculativeConfig(**self.model_dump())
+    def engine(self, ngram: bool = False) -> SpeculativeConfig:
+        settings = self.model_dump()
+        if settings["n_max"] is None:
+            settings["n_max"] = NGRAM_N_MAX if ngram else SpeculativeConfig.n_max
+        return SpeculativeConfig(**settings)
 
 
 class LoadSettings(Strict):

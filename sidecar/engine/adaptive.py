@@ -7,8 +7,9 @@ length is not a constant: each round picks the k that maximises
     expected tokens per round / expected seconds per round
     = (1 - a^(k+1)) / (1 - a)  /  (draft_cost(k) + t_step(k+1))
 
-where a is the per-position acceptance observed so far and t_step(n) is the measured time to decode
-n rows on the target. If no k beats plain decoding (k = 0, rate 1/t_step(1)) the round runs
+where a is the per-position acceptance observed so far for drafts of this kind (the drafter's
+support class: an n-gram draft continuing a long verbatim match is not a short one's kind) and
+t_step(n) is the measured time to decode n rows on the target. If no k beats plain decoding (k = 0, rate 1/t_step(1)) the round runs
 target-only; the realised throughput of speculative rounds is also watched, and speculation is
 switched off when it falls behind the plain rate, then probed again after a back-off.
 """
@@ -19,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sidecar.engine.drafters import Support
 from sidecar.engine.llama import Context
 
 
@@ -41,6 +43,11 @@ class SpeculativeConfig:
     adaptive: bool = True  # False: always draft n_max (llama.cpp's fixed draft length), no fallback
 
 
+NGRAM_N_MAX = 12
+"""An n-gram pair's default n_max: its drafts cost nothing to make and a copied stretch runs long
+(bench_spec pair a, editing: 1.27x with 8, 1.34x with 12)."""
+
+
 class CostModel:
     """Seconds per target decode of n rows, and per drafted token; shared by a pair's requests.
 
@@ -51,15 +58,16 @@ class CostModel:
         self.t_step = [0.0] * (n_rows + 1)  # index = rows in the batch
         self.t_draft = 0.0  # seconds per drafted token
         self.t_catchup = 0.0  # seconds per token the draft prefills to catch up with the context
-        # The pair's acceptance across requests (decayed), so a new request starts from what this
-        # draft has shown rather than from the prior, and a known-bad draft is rarely probed.
-        self.succ = 0.0
-        self.fail = 0.0
+        # The pair's acceptance across requests (decayed) per support key (drafters.Support), so a
+        # new request starts from what this draft has shown rather than from the prior, and a
+        # known-bad draft is rarely probed.
+        self.evidence: dict[int, list[float]] = {}  # key -> [accepted, rejected]
         self._smooth = 0.2
 
-    def observe_acceptance(self, drafted: int, accepted: int) -> None:
-        self.succ = self.succ * 0.98 + accepted
-        self.fail = self.fail * 0.98 + (1.0 if accepted < drafted else 0.0)
+    def observe_acceptance(self, key: int, drafted: int, accepted: int) -> None:
+        ev = self.evidence.setdefault(key, [0.0, 0.0])
+        ev[0] = ev[0] * 0.98 + accepted
+        ev[1] = ev[1] * 0.98 + (1.0 if accepted < drafted else 0.0)
 
     def calibrate(self, ctx: Context, reps: int = 3) -> None:
         """Time decodes of 1..n rows on a scratch sequence, then give the cache back empty.
@@ -140,14 +148,16 @@ class Plan:
     draft_has_cost: bool
     # Tokens a costly drafter would have to prefill before it could draft (its KV cache's lag).
     lag: Callable[[], int] = lambda: 0
+    # The drafter's evidence class for its next draft (drafters.Support).
+    support: Callable[[], Support] = Support
     enabled: bool = True
     fallback: str | None = None
     draft_tokens: int = 0
     accepted_tokens: int = 0
     rounds: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
-    _succ: float = 0.0
-    _fail: float = 0.0
+    _evidence: dict[int, list[float]] = field(default_factory=dict)  # support key -> [accepted, rejected]
+    _support: Support = field(default_factory=Support)  # the class of the draft being decided
     _spec_tokens: float = 0.0
     _spec_seconds: float = 0.0
     _spec_rounds: int = 0
@@ -155,24 +165,21 @@ class Plan:
     _backoff: int = 0
     _idle: int = 0
     _probing: bool = False
-    _opening: bool = False
     _drafting: bool = False  # the last decision was to draft (staying on needs no start margin)
 
     @classmethod
     def start(cls, config: SpeculativeConfig, cost: CostModel, draft_has_cost: bool, num_predict: int) -> Plan:
         plan = cls(config, cost, draft_has_cost)
         plan._backoff = config.probe_interval
-        # A free drafter (n-gram) probes on its first proposal: a miss costs one wider batch, and
-        # how well it does depends on the prompt more than on anything seen before.
-        plan._opening = not draft_has_cost
-        evidence = cost.succ + cost.fail
-        if evidence > 0:
+        for key, (succ, fail) in cost.evidence.items():
             # Earlier requests' evidence, capped so this request's own rounds can still move it.
-            scale = min(1.0, 64.0 / evidence)
-            plan._succ, plan._fail = cost.succ * scale, cost.fail * scale
-            if evidence >= 8 and plan._best_k(config.n_max) == 0:
-                plan._idle = 0  # a draft known not to pay: probe late and rarely
-                plan._backoff = config.probe_interval * 4
+            scale = min(1.0, 64.0 / (succ + fail)) if succ + fail > 0 else 1.0
+            plan._evidence[key] = [succ * scale, fail * scale]
+        # A draft known not to pay (judged by its default class: a model draft has no other): probe
+        # late and rarely.
+        if sum(cost.evidence.get(0, ())) >= 8 and plan._best_k(config.n_max) == 0:
+            plan._idle = 0
+            plan._backoff = config.probe_interval * 4
         if 0 <= num_predict < config.min_predict:
             plan.enabled = False
             plan.fallback = f"short output: num_predict {num_predict} < {config.min_predict}"
@@ -180,10 +187,12 @@ class Plan:
 
     @property
     def acceptance(self) -> float:
+        """Per-position acceptance expected of the draft being decided (its support class)."""
         c = self.config
-        return (self._succ + c.acceptance_prior * c.prior_weight) / (
-            self._succ + self._fail + c.prior_weight
-        )
+        s = self._support
+        succ, fail = self._evidence.get(s.key, (0.0, 0.0))
+        prior = c.acceptance_prior if s.prior is None else s.prior
+        return (succ + prior * c.prior_weight) / (succ + fail + c.prior_weight)
 
     def _best_k(self, k_cap: int, remaining: float = float("inf")) -> int:
         """The draft length with the most expected tokens per second; 0 if plain decoding wins.
@@ -234,6 +243,11 @@ class Plan:
             return 0
         if not c.adaptive:
             return k_cap
+        self._support = self.support()
+        if not self._support.ready:  # nothing to propose: a plain step
+            self._idle += 1
+            self._drafting = self._probing = False
+            return 0
         a = self.acceptance
         best_k = self._best_k(k_cap, remaining)
         self._drafting = best_k > 0
@@ -248,12 +262,14 @@ class Plan:
                     else "verification too costly on this hardware"
                 )
             self._idle += 1
-            if self._opening or (self._idle >= self._backoff and self._probe_affordable(k_cap)):
+            # A free drafter (n-gram) is not probed: its support classes carry priors, so evidence
+            # arrives from the classes that look worth drafting, and a probe would only buy a wider
+            # batch for a class already expected to lose.
+            if self.draft_has_cost and self._idle >= self._backoff and self._probe_affordable(k_cap):
                 # Probe in full so one round is real evidence (a model drafter still stops early
                 # where its own confidence falls below p_min).
                 self._idle = 0
-                if not self._opening:
-                    self._backoff *= 2
+                self._backoff *= 2
                 self._probing = True
                 return k_cap
         self._probing = False
@@ -271,10 +287,10 @@ class Plan:
                 self._idle = self._backoff
                 self._backoff //= 2
             return
-        self._probing = self._opening = False
+        self._probing = False
         self._idle = 0  # evidence arrived: count plain steps before the next probe anew
         self.cost.observe_draft(drafted, draft_seconds if step_seconds is None else step_seconds)
-        self.cost.observe_acceptance(drafted, accepted)
+        self.cost.observe_acceptance(self._support.key, drafted, accepted)
         self.rounds += 1
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
@@ -282,8 +298,9 @@ class Plan:
             self.accepted_per_pos.extend([0] * (drafted - len(self.accepted_per_pos)))
         for i in range(accepted):
             self.accepted_per_pos[i] += 1
-        self._succ += accepted
-        self._fail += 1 if accepted < drafted else 0
+        ev = self._evidence.setdefault(self._support.key, [0.0, 0.0])
+        ev[0] += accepted
+        ev[1] += 1 if accepted < drafted else 0
         self._spec_rounds += 1
         self._spec_tokens += accepted + 1
         # A catch-up prefill is paid once, when drafting starts; whether to go on drafting must

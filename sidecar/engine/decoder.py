@@ -127,6 +127,7 @@ class Decoder:
         tokens = list(prompt)  # committed; tokens[-1] is pending (not in the KV cache yet)
         if drafter is not None:
             plan.lag = partial(drafter.lag, tokens)
+            plan.support = partial(drafter.support, tokens)
         out = res.tokens
         text = TextStream(req.stop)
         limit = req.num_predict if req.num_predict >= 0 else float("inf")

@@ -34,6 +34,20 @@ class Proposal:
     caught_up: int = 0  # tokens prefilled to catch the drafter's cache up before drafting
 
 
+@dataclass(frozen=True)
+class Support:
+    """What a drafter knows, before drafting, about how its next draft will fare.
+
+    Acceptance is not one number per request: an n-gram draft that continues a 20-token verbatim
+    match (copying a line of the prompt) is almost always right, one that continues a 2-token match
+    rarely is. Drafts with the same `key` are expected to fare alike, so the planner keeps acceptance
+    evidence per key; `prior` is the acceptance to assume for a key with no evidence yet."""
+
+    key: int = 0
+    prior: float | None = None  # None: the pair's acceptance_prior
+    ready: bool = True  # False: the drafter has nothing to propose here
+
+
 class Drafter(Protocol):
     name: str
     has_cost: bool  # False when drafting is free next to a target step (n-gram lookup)
@@ -45,6 +59,9 @@ class Drafter(Protocol):
 
     def lag(self, context: Sequence[int]) -> int:
         """Tokens of `context` the drafter would have to process before it can propose."""
+
+    def support(self, context: Sequence[int]) -> Support:
+        """The evidence class of the draft `propose(context, ...)` would make (cheap; no drafting)."""
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -65,10 +82,15 @@ class NgramDrafter:
     """Prompt lookup: continue the most recent earlier occurrence of the longest trailing n-gram.
 
     Costs no model pass, so it pays off whenever the answer re-uses the prompt (editing code,
-    summarising, quoting). The index is incremental: each call only hashes the new tokens."""
+    summarising, quoting). The index is incremental: each call only hashes the new tokens.
+
+    How far the match really reaches back (up to `MATCH_CAP` tokens, beyond the n-gram that found it)
+    is the drafter's evidence: a long verbatim stretch means the answer is copying, and a copy tends
+    to go on. `support` classes drafts by that length in powers of two."""
 
     name = "ngram"
     has_cost = False
+    MATCH_CAP = 64
 
     def __init__(self, min_n: int = 2, max_n: int = 4) -> None:
         if not 1 <= min_n <= max_n:
@@ -77,28 +99,51 @@ class NgramDrafter:
         self.max_n = max_n
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # n-grams ending before this position are in the index
+        self._found: tuple[int, int, int] = (-1, 0, 0)  # (context length, match length, continuation start)
 
-    def begin(self, sampler: Sampler) -> None:
+    def begin(self, sampler: Sampler | None) -> None:
         self._index.clear()
         self._indexed = 0
+        self._found = (-1, 0, 0)
 
-    def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
-        t0 = time.perf_counter()
+    def _lookup(self, context: Sequence[int]) -> tuple[int, int]:
+        """(match length, where its continuation starts); length 0 when nothing matches."""
         n_ctx = len(context)
-        if self._indexed > n_ctx:  # within a request the context only grows
-            self.begin(None)  # type: ignore[arg-type]
+        if self._found[0] == n_ctx:  # within a request the context only grows: the length identifies it
+            return self._found[1], self._found[2]
+        if self._indexed > n_ctx:
+            self.begin(None)
         # Index every n-gram that has at least one following token: end <= n_ctx - 1.
         index = self._index
         for end in range(max(self._indexed, self.min_n), n_ctx):
             for n in range(self.min_n, min(self.max_n, end) + 1):
                 index[tuple(context[end - n : end])] = end
         self._indexed = max(self._indexed, n_ctx)
-        tokens: list[int] = []
+        match = start = 0
         for n in range(min(self.max_n, n_ctx), self.min_n - 1, -1):
             end = index.get(tuple(context[n_ctx - n :]))
             if end is not None:
-                tokens = list(context[end : end + max_tokens])
+                match, start = n, end
+                while match < self.MATCH_CAP and match < end and context[end - 1 - match] == context[n_ctx - 1 - match]:
+                    match += 1
                 break
+        self._found = (n_ctx, match, start)
+        return match, start
+
+    def support(self, context: Sequence[int]) -> Support:
+        match, _ = self._lookup(context)
+        if match == 0:
+            return Support(ready=False)
+        # Class c holds matches of 2^c to 2^(c+1) - 1 tokens. With no evidence yet, assume a match
+        # of m tokens goes on with probability m / (m + 2): a short one is a coin toss at best.
+        c = match.bit_length() - 1
+        m = 1 << c
+        return Support(key=c, prior=m / (m + 2))
+
+    def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
+        t0 = time.perf_counter()
+        match, start = self._lookup(context)
+        tokens = list(context[start : start + max_tokens]) if match else []
         return Proposal(tokens, None, time.perf_counter() - t0)
 
     def lag(self, context: Sequence[int]) -> int:
@@ -168,6 +213,9 @@ class ModelDrafter:
 
     def lag(self, context: Sequence[int]) -> int:
         return len(context) - 1 - self._reusable(context)
+
+    def support(self, context: Sequence[int]) -> Support:
+        return Support()  # one class: how well a model drafts shows in its acceptance alone
 
     def _reusable(self, context: Sequence[int]) -> int:
         """Cached positions that match `context`; the last token is always decoded afresh."""

@@ -330,8 +330,8 @@ class Runtime:
 
     async def _load_pair(self, entry: PairEntry, lm: Loaded) -> PairEngine:
         """Build the pair's drafter in every slot (each on its slot's thread) and measure the cost curve."""
-        spec = entry.config.speculative.engine()
         d = entry.config.draft
+        spec = entry.config.speculative.engine(ngram=isinstance(d, NgramDraft))
         draft_w: Weights | None = None
         if isinstance(d, ModelDraft) and entry.draft is not None:
             draft_w = await asyncio.to_thread(self._acquire_draft, entry.draft.path, d, lm)
