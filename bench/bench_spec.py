@@ -9,9 +9,15 @@ for model drafts, the speed-up bound that curve, the draft's cost and its agreem
     bound = max(1, max_k E(a, k) / (k * c + v(k + 1)))   E(a, k) = (1 - a^(k+1)) / (1 - a)
 
 with a = the draft's greedy agreement with the target (teacher-forced over the target's output),
-c = draft step / target step, v(n) = verify n rows / target step.
+c = draft step / target step, v(n) = verify n rows / target step. For the n-gram drafter the bound
+is exact for the recorded output: the best any choice of draft lengths could do (ngram_bound), at
+the pair's n_max and for drafts of up to 32 tokens.
 
-    .venv/bin/python bench/bench_spec.py [--pairs a,b1,b2,c] [--tokens 256] [--reps 2]
+    .venv/bin/python bench/bench_spec.py [--pairs a,b1,b2,c] [--tokens 256] [--reps 2] [--warmup 1]
+
+Each pair first serves --warmup speculative requests per prompt, as a running daemon would have:
+what a pair learns (acceptance per support class, the plain time its probes are budgeted against)
+lasts across requests. --warmup 0 measures a freshly loaded pair.
 """
 
 from __future__ import annotations
@@ -36,12 +42,15 @@ from derive_models import STANDARD_SET, extend, smollm2_path, truncate  # noqa: 
 from prompts import PROMPTS, chat  # noqa: E402
 
 from sidecar.config.loader import parse  # noqa: E402
-from sidecar.engine.adaptive import expected_tokens  # noqa: E402
+from sidecar.config.schema import NgramDraft  # noqa: E402
+from sidecar.engine.adaptive import CostModel, expected_tokens  # noqa: E402
+from sidecar.engine.drafters import NgramDrafter  # noqa: E402
 from sidecar.engine.llama import Context  # noqa: E402
 from sidecar.runtime.manager import Outcome, Runtime, build_entry  # noqa: E402
 from sidecar.runtime.options import effective  # noqa: E402
 
 OUT = REPO / "bench" / "out" / "models"
+LONG_ROWS = 33  # the n-gram bound is also given for drafts of up to 32 tokens
 
 
 def pairs(models: Path) -> dict[str, tuple[str, str, str]]:
@@ -114,6 +123,30 @@ def bound(a: float, curve: list[float], c: float) -> tuple[float, int]:
     return best, best_k
 
 
+def ngram_bound(prompt: list[int], out: list[int], curve: list[float], draft: NgramDraft) -> float:
+    """The best speed-up any choice of draft lengths could get from this n-gram drafter on this output.
+
+    Greedy output is fixed and an n-gram proposal is a function of the context, so how many of its
+    tokens the target would accept at each position (m_i) is known. A round at position i that drafts
+    k <= m_i tokens emits k + 1 and costs v(k + 1) = curve[k]; dynamic programming over positions finds
+    the cheapest way through, against len(out) plain steps. Python overhead is left out."""
+    drafter = NgramDrafter(draft.min_n, draft.max_n)
+    context = list(prompt)
+    reach = []
+    for i in range(len(out)):
+        proposal = drafter.propose(context, len(curve) - 1).tokens
+        m = 0
+        while m < len(proposal) and i + m < len(out) and proposal[m] == out[i + m]:
+            m += 1
+        reach.append(m)
+        context.append(out[i])
+    n = len(out)
+    cost = [0.0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        cost[i] = min(curve[k] + cost[i + k + 1] for k in range(min(reach[i], n - 1 - i) + 1))
+    return n / cost[0] if cost[0] else 1.0
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -135,6 +168,18 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
     print(f"load {load_s:.1f}s; target step {cost.t_step[1] * 1e3:.1f} ms; draft step / target step c = {c:.3f}")
     shown = ", ".join(f"{v:.2f}" for v in curve)
     print(f"verify cost v(n) = t(n rows) / t(1 row), n = 1..{len(curve)}: {shown}")
+    ngram = entry.config.draft if isinstance(entry.config.draft, NgramDraft) else None
+    if ngram is not None:  # the bound for the longest drafts too: does a longer n_max leave much behind?
+        wide = CostModel(LONG_ROWS)
+        await lm.pool.call(lambda slot: wide.calibrate(slot.ctx))
+        wide_curve = wide.verify_curve()
+        print(f"verify cost up to {LONG_ROWS} rows: "
+              + ", ".join(f"v({n})={wide_curve[n - 1]:.2f}" for n in (8, 12, 16, 24, LONG_ROWS)))
+    for _ in range(args.warmup):
+        for q in PROMPTS.values():
+            await generate(rt, entry, chat(q), args.tokens, speculate=True)
+    print(f"warm-up: {args.warmup} speculative request(s) per prompt before measuring (a running daemon's "
+          "pair keeps its acceptance evidence and probe budget across requests)")
     print()
     print("| prompt | target-only tok/s | speculative tok/s | ratio | acceptance | mean accepted length "
           "| agreement | bound | ratio/bound | identical | fallback |")
@@ -161,6 +206,12 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
                                                                                  pe.draft_ctxs[slot.index]))
             b, k = bound(a, curve, c)
             agree, bnd, ratio_bound = f"{a:.3f}", f"{b:.2f} (k={k})", f"{(s / p) / b:.2f}"
+        if ngram is not None:
+            prompt = lm.weights.tokenize(text, add_special=True, parse_special=True)
+            ref = plain_runs[0].tokens
+            b, b_wide = ngram_bound(prompt, ref, curve, ngram), ngram_bound(prompt, ref, wide_curve, ngram)
+            bnd = f"{b:.2f} (k<={len(curve) - 1}); {b_wide:.2f} (k<={LONG_ROWS - 1})"
+            ratio_bound = f"{(s / p) / b:.2f}"
         fb = next((r.fallback for r in spec_runs if r.fallback), None)
         print(f"| {name} | {p:.1f} | {s:.1f} | {s / p:.2f} | "
               f"{acc / drafted if drafted else 0:.2f} ({acc}/{drafted}) | "
@@ -182,6 +233,7 @@ async def main() -> None:
     ap.add_argument("--pairs", default="a,b1,b2,c")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1, help="speculative requests per prompt before measuring")
     ap.add_argument("--models", type=Path, default=OUT)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
