@@ -16,8 +16,8 @@ the pair's n_max and for drafts of up to 32 tokens.
     .venv/bin/python bench/bench_spec.py [--pairs a,b1,b2,c] [--tokens 256] [--reps 2] [--warmup 1]
 
 Each pair first serves --warmup speculative requests per prompt, as a running daemon would have:
-what a pair learns (acceptance per support class, the plain time its probes are budgeted against)
-lasts across requests. --warmup 0 measures a freshly loaded pair.
+what a pair learns (its acceptance evidence, per support class) lasts across requests. --warmup 0
+measures a freshly loaded pair.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
         for q in PROMPTS.values():
             await generate(rt, entry, chat(q), args.tokens, speculate=True)
     print(f"warm-up: {args.warmup} speculative request(s) per prompt before measuring (a running daemon's "
-          "pair keeps its acceptance evidence and probe budget across requests)")
+          "pair keeps its acceptance evidence across requests)")
     print()
     print("| prompt | target-only tok/s | speculative tok/s | ratio | acceptance | mean accepted length "
           "| agreement | bound | ratio/bound | identical | fallback |")

@@ -280,18 +280,6 @@ def test_a_costly_probe_waits_until_the_budget_covers_it() -> None:
     assert ks.index(8) == 207
 
 
-def test_the_probe_budget_counts_plain_steps_across_requests() -> None:
-    """A pair that serves short requests still gets probed: its plain steps add up across them."""
-    first = plan(LINEAR, draft_has_cost=True, t_draft=0.3, probe_interval=4, probe_budget=0.05)
-    first.cost.t_catchup = 0.02
-    ks: list[int] = []
-    for _ in range(7):  # the same 30.4-step probe as above: 608 plain steps, over 7 requests of 100
-        p = Plan.start(first.config, first.cost, True, -1)
-        p.lag = lambda: 1000
-        ks += [p.draft_length(i, INF, 100) for i in range(100)]
-    assert ks.index(8) == 607 and sum(ks) == 8
-
-
 def test_a_model_draft_starts_only_if_the_gain_repays_its_catch_up() -> None:
     """Drafting would pay per round (2.2x, saving 0.54 steps a token), but the draft must first
     prefill 1000 missed tokens (20 steps): worth it for 512 more tokens, not for 20."""

@@ -63,9 +63,6 @@ class CostModel:
         # new request starts from what this draft has shown rather than from the prior, and a
         # known-bad draft is rarely probed.
         self.evidence: dict[int, list[float]] = {}  # key -> [accepted, rejected]
-        # Plain steps since the draft last gave evidence, across requests: probes are budgeted
-        # against them, so a pair that serves many short requests still gets probed now and then.
-        self.idle = 0
         self._smooth = 0.2
 
     def observe_acceptance(self, key: int, drafted: int, accepted: int) -> None:
@@ -167,6 +164,7 @@ class Plan:
     _spec_rounds: int = 0
     _off_until: int = 0
     _backoff: int = 0
+    _idle: int = 0
     _probing: bool = False
     _drafting: bool = False  # the last decision was to draft (staying on needs no start margin)
 
@@ -233,7 +231,7 @@ class Plan:
         probe = t[k + 1] - t[1]
         if self.draft_has_cost:
             probe += self.lag() * self.cost.t_catchup + k * self.cost.t_draft
-        return probe <= self.config.probe_budget * self.cost.idle * t[1]
+        return probe <= self.config.probe_budget * self._idle * t[1]
 
     def draft_length(self, produced: int, remaining: float, room: int) -> int:
         """How many tokens to draft this round; 0 means a plain target step."""
@@ -247,7 +245,7 @@ class Plan:
             return k_cap
         self._support = self.support()
         if not self._support.ready:  # nothing to propose: a plain step
-            self.cost.idle += 1
+            self._idle += 1
             self._drafting = self._probing = False
             return 0
         a = self.acceptance
@@ -263,14 +261,14 @@ class Plan:
                     if self.rounds
                     else "verification too costly on this hardware"
                 )
-            self.cost.idle += 1
+            self._idle += 1
             # A free drafter (n-gram) is not probed: its support classes carry priors, so evidence
             # arrives from the classes that look worth drafting, and a probe would only buy a wider
             # batch for a class already expected to lose.
-            if self.draft_has_cost and self.cost.idle >= self._backoff and self._probe_affordable(k_cap):
+            if self.draft_has_cost and self._idle >= self._backoff and self._probe_affordable(k_cap):
                 # Probe in full so one round is real evidence (a model drafter still stops early
                 # where its own confidence falls below p_min).
-                self.cost.idle = 0
+                self._idle = 0
                 self._backoff *= 2
                 self._probing = True
                 return k_cap
@@ -286,11 +284,11 @@ class Plan:
             self.cost.observe_catchup(caught_up, draft_seconds - step_seconds)
         if drafted == 0:
             if self._probing:  # the drafter had nothing to offer: probe again next round
-                self.cost.idle = self._backoff
+                self._idle = self._backoff
                 self._backoff //= 2
             return
         self._probing = False
-        self.cost.idle = 0  # evidence arrived: count plain steps before the next probe anew
+        self._idle = 0  # evidence arrived: count plain steps before the next probe anew
         self.cost.observe_draft(drafted, draft_seconds if step_seconds is None else step_seconds)
         self.cost.observe_acceptance(self._support.key, drafted, accepted)
         self.rounds += 1
