@@ -6,10 +6,12 @@ on the same loaded model; the table gives tokens/s of each, their ratio, the acc
 were identical, and any fallback. It also prints the measured verify-cost curve of each target and,
 for model drafts, the speed-up bound that curve, the draft's cost and its agreement allow:
 
-    bound = max(1, max_k E(a, k) / (k * c + v(k + 1)))   E(a, k) = (1 - a^(k+1)) / (1 - a)
+    bound = max(1, max_k E(a, k) / ((k + a^k) * c + v(k + 1)))   E(a, k) = (1 - a^(k+1)) / (1 - a)
 
 with a = the draft's greedy agreement with the target (teacher-forced over the target's output),
-c = draft step / target step, v(n) = verify n rows / target step. For the n-gram drafter the bound
+c = draft step / target step, v(n) = verify n rows / target step. A round of k drafts takes k draft
+steps, plus one when all k are accepted (probability a^k): the draft never decoded its own last
+guess, and must before it can draft on. For the n-gram drafter the bound
 is exact for the recorded output: the best any choice of draft lengths could do (ngram_bound), at
 the pair's n_max and for drafts of up to 32 tokens.
 
@@ -117,7 +119,7 @@ def agreement(target_tokens: list[int], prompt: list[int], draft_ctx: Context) -
 def bound(a: float, curve: list[float], c: float) -> tuple[float, int]:
     best, best_k = 1.0, 0
     for k in range(1, len(curve)):
-        r = expected_tokens(a, k) / (k * c + curve[k])  # curve[k] = v(k + 1)
+        r = expected_tokens(a, k) / ((k + a**k) * c + curve[k])  # curve[k] = v(k + 1)
         if r > best:
             best, best_k = r, k
     return best, best_k
