@@ -180,8 +180,8 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
     for _ in range(args.warmup):
         for q in PROMPTS.values():
             await generate(rt, entry, chat(q), args.tokens, speculate=True)
-    print(f"warm-up: {args.warmup} speculative request(s) per prompt before measuring (a running daemon's "
-          "pair keeps its acceptance evidence across requests)")
+    print(f"warm-up: {args.warmup} speculative request(s) per prompt, on the same prompts, before measuring "
+          "(a running daemon's pair keeps its acceptance evidence across requests)")
     print()
     print("| prompt | target-only tok/s | speculative tok/s | ratio | acceptance | mean accepted length "
           "| agreement | bound | ratio/bound | identical | fallback |")
@@ -202,14 +202,14 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
         agree = bnd = ""
         ratio_bound = ""
         if pe.draft_ctxs:
-            prompt = lm.weights.tokenize(text, add_special=True, parse_special=True)
+            prompt = lm.weights.tokenize(text, add_special=not lm.weights.starts_with_bos(text), parse_special=True)
             ref = plain_runs[0].tokens
             a = await lm.pool.call(lambda slot, prompt=prompt, ref=ref: agreement(ref, prompt,
                                                                                  pe.draft_ctxs[slot.index]))
             b, k = bound(a, curve, c)
             agree, bnd, ratio_bound = f"{a:.3f}", f"{b:.2f} (k={k})", f"{(s / p) / b:.2f}"
         if ngram is not None:
-            prompt = lm.weights.tokenize(text, add_special=True, parse_special=True)
+            prompt = lm.weights.tokenize(text, add_special=not lm.weights.starts_with_bos(text), parse_special=True)
             ref = plain_runs[0].tokens
             b, b_wide = ngram_bound(prompt, ref, curve, ngram), ngram_bound(prompt, ref, wide_curve, ngram)
             bnd = f"{b:.2f} (k<={len(curve) - 1}); {b_wide:.2f} (k<={LONG_ROWS - 1})"

@@ -324,6 +324,26 @@ def test_a_class_without_evidence_starts_from_its_prior() -> None:
     assert classed(plan(CPU), key=1, prior=0.3).draft_length(0, INF, 100) == 0
 
 
+def test_a_class_judged_not_to_pay_is_retried_in_time() -> None:
+    """Evidence fades with every request, so a class that lost once gets back to its prior."""
+    first = classed(plan(CPU, fallback_rounds=1000), key=4, prior=0.9)
+    first.draft_length(0, INF, 100)
+    _record_rejections(first, 10, CPU)
+    later = [classed(Plan.start(first.config, first.cost, False, -1), key=4, prior=0.9) for _ in range(60)]
+    assert later[0].draft_length(0, INF, 100) == 0
+    assert later[-1].draft_length(0, INF, 100) > 0
+
+
+def test_a_classed_drafter_that_drafted_reports_no_fallback() -> None:
+    """Skipping one class of draft is not switching speculation off."""
+    p = classed(plan(CPU, fallback_rounds=1000), key=5, prior=0.95)
+    assert p.draft_length(0, INF, 100) > 0
+    p.record(drafted=4, accepted=4, draft_seconds=0.0, verify_seconds=CPU[4], produced=5)
+    classed(p, key=1, prior=0.3)
+    assert p.draft_length(5, INF, 100) == 0
+    assert p.fallback is None
+
+
 def test_nothing_to_propose_is_a_plain_step() -> None:
     p = plan(FLAT)
     p.support = lambda: Support(ready=False)

@@ -89,7 +89,7 @@ def test_support_measures_the_whole_match_beyond_max_n() -> None:
 def test_support_classes_grow_with_the_match_up_to_its_cap() -> None:
     d = NgramDrafter(2, 4)
     assert d.support([1, 2, 7, 1, 2]).key == 1  # 2..3 tokens
-    long = list(range(100, 200))
+    long = list(range(100, 300))  # a 200-token repeat: class 7 (128..255) if it were not capped
     d.begin(None)
     s = d.support([*long, 0, *long])
     assert s.key == 6  # capped at 64 tokens

@@ -70,7 +70,7 @@ class Speculative(Strict):
 
     @model_validator(mode="after")
     def _order(self) -> Speculative:
-        if self.n_min > (self.n_max or SpeculativeConfig.n_max):
+        if self.n_max is not None and self.n_min > self.n_max:
             raise ValueError("n_min must not exceed n_max")
         return self
 
@@ -153,6 +153,13 @@ class Pair(Strict):
         if isinstance(v, str):
             return {"from": v}
         return v
+
+    @model_validator(mode="after")
+    def _n_min_fits_the_default_n_max(self) -> Pair:
+        n_max = self.speculative.engine(ngram=isinstance(self.draft, NgramDraft)).n_max
+        if self.speculative.n_min > n_max:
+            raise ValueError(f"speculative.n_min {self.speculative.n_min} exceeds the default n_max {n_max}: set n_max")
+        return self
 
     @field_validator("adapter")
     @classmethod

@@ -11,8 +11,9 @@ where a is the per-position acceptance observed so far for drafts of this kind (
 support class: an n-gram draft continuing a long verbatim match is not a short one's kind) and
 t_step(n) is the measured time to decode n rows on the target. If no k beats plain decoding
 (k = 0, rate 1/t_step(1)) the round runs target-only; the realised throughput of speculative rounds
-is also watched, and speculation is switched off when it falls behind the plain rate, then probed
-again after a back-off.
+is also watched, and speculation is switched off when it falls behind the plain rate, for a
+back-off. A model draft that does not pay is probed now and then; an n-gram draft needs no probe,
+because its support classes carry priors.
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ class CostModel:
         # known-bad draft is rarely probed.
         self.evidence: dict[int, list[float]] = {}  # key -> [accepted, rejected]
         self._smooth = 0.2
+
+    def age(self, factor: float = 0.9) -> None:
+        """Fade every class's evidence a little (once per request): a class judged not to pay is
+        never drafted, so no evidence of its own would ever revive it; its prior gets to, in time."""
+        for ev in list(self.evidence.values()):
+            ev[0] *= factor
+            ev[1] *= factor
 
     def observe_acceptance(self, key: int, drafted: int, accepted: int) -> None:
         ev = self.evidence.setdefault(key, [0.0, 0.0])
@@ -172,13 +180,14 @@ class Plan:
     def start(cls, config: SpeculativeConfig, cost: CostModel, draft_has_cost: bool, num_predict: int) -> Plan:
         plan = cls(config, cost, draft_has_cost)
         plan._backoff = config.probe_interval
-        for key, (succ, fail) in cost.evidence.items():
+        cost.age()
+        # A list: the pair's other slots may add a class while this one reads.
+        for key, (succ, fail) in list(cost.evidence.items()):
             # Earlier requests' evidence, capped so this request's own rounds can still move it.
             scale = min(1.0, 64.0 / (succ + fail)) if succ + fail > 0 else 1.0
             plan._evidence[key] = [succ * scale, fail * scale]
-        # A draft known not to pay (judged by its default class: a model draft has no other): probe
-        # late and rarely.
-        if sum(cost.evidence.get(0, ())) >= 8 and plan._best_k(config.n_max) == 0:
+        # A model draft known not to pay (its one class is key 0): probe late and rarely.
+        if draft_has_cost and sum(cost.evidence.get(0, ())) >= 8 and plan._best_k(config.n_max) == 0:
             plan._backoff = config.probe_interval * 4
         if 0 <= num_predict < config.min_predict:
             plan.enabled = False
@@ -243,8 +252,11 @@ class Plan:
             return 0
         if not c.adaptive:
             return k_cap
-        self._support = self.support()
-        if not self._support.ready:  # nothing to propose: a plain step
+        support = self.support()
+        if support.key != self._support.key:
+            self._drafting = False  # the start margin applies to each class anew
+        self._support = support
+        if not support.ready:  # nothing to propose: a plain step
             self._idle += 1
             self._drafting = self._probing = False
             return 0
@@ -255,7 +267,9 @@ class Plan:
             self.fallback = None  # speculating again: `fallback` reports why it is off, if it is
         if best_k == 0:
             # The model says drafting does not pay; probe now and then so new evidence can arrive.
-            if self.fallback is None:
+            # A classed (free) drafter that has drafted this request was not switched off: only
+            # this class of draft is skipped, so it reports no fallback.
+            if self.fallback is None and (self.draft_has_cost or not self.rounds):
                 self.fallback = (
                     f"draft does not pay: acceptance {a:.2f}"
                     if self.rounds
@@ -313,7 +327,7 @@ class Plan:
             if realised < c.fallback_margin * plain:
                 self.fallback = (
                     f"slower than target-only: {realised:.1f} vs {plain:.1f} tok/s "
-                    f"at acceptance {self.acceptance:.2f}"
+                    f"at acceptance {self.accepted_tokens / self.draft_tokens:.2f}"
                 )
                 self._off_until = produced + self._backoff
                 self._backoff *= 2

@@ -61,7 +61,9 @@ class Drafter(Protocol):
         """Tokens of `context` the drafter would have to process before it can propose."""
 
     def support(self, context: Sequence[int]) -> Support:
-        """The evidence class of the draft `propose(context, ...)` would make (cheap; no drafting)."""
+        """The evidence class of the draft `propose(context, ...)` would make (cheap; no drafting).
+
+        Like `propose`, it assumes the context only grows between `begin()` calls."""
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -99,18 +101,20 @@ class NgramDrafter:
         self.max_n = max_n
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # n-grams ending before this position are in the index
-        self._found: tuple[int, int, int] = (-1, 0, 0)  # (context length, match length, continuation start)
+        self._found: tuple[int, int, int, int] = (-1, -1, 0, 0)  # (length, last token, match, start)
 
     def begin(self, sampler: Sampler | None) -> None:
         self._index.clear()
         self._indexed = 0
-        self._found = (-1, 0, 0)
+        self._found = (-1, -1, 0, 0)
 
     def _lookup(self, context: Sequence[int]) -> tuple[int, int]:
         """(match length, where its continuation starts); length 0 when nothing matches."""
         n_ctx = len(context)
-        if self._found[0] == n_ctx:  # within a request the context only grows: the length identifies it
-            return self._found[1], self._found[2]
+        # Within a request (begin() starts one) the context only grows, so its length and last token
+        # identify it; support() and propose() for the same round share one lookup.
+        if self._found[:2] == (n_ctx, context[-1] if n_ctx else -1):
+            return self._found[2], self._found[3]
         if self._indexed > n_ctx:
             self.begin(None)
         # Index every n-gram that has at least one following token: end <= n_ctx - 1.
@@ -127,15 +131,15 @@ class NgramDrafter:
                 while match < self.MATCH_CAP and match < end and context[end - 1 - match] == context[n_ctx - 1 - match]:
                     match += 1
                 break
-        self._found = (n_ctx, match, start)
+        self._found = (n_ctx, context[-1] if n_ctx else -1, match, start)
         return match, start
 
     def support(self, context: Sequence[int]) -> Support:
         match, _ = self._lookup(context)
         if match == 0:
             return Support(ready=False)
-        # Class c holds matches of 2^c to 2^(c+1) - 1 tokens. With no evidence yet, assume a match
-        # of m tokens goes on with probability m / (m + 2): a short one is a coin toss at best.
+        # Class c holds matches of m = 2^c to 2m - 1 tokens. With no evidence yet, assume a match of
+        # the class goes on with probability m / (m + 2): a short one is a coin toss at best.
         c = match.bit_length() - 1
         m = 1 << c
         return Support(key=c, prior=m / (m + 2))
