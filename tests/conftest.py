@@ -38,6 +38,12 @@ def tiny(model_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_endless(model_dir: Path) -> Path:
+    """The tiny model with end-of-generation never sampled: its output lasts until num_predict or the context ends."""
+    return write_tiny_llama(model_dir / "endless.gguf", seed=1, end_bias=0.0)
+
+
+@pytest.fixture(scope="session")
 def tiny_bytes(model_dir: Path) -> Path:
     """A tiny model that emits arbitrary bytes, so characters get split across tokens."""
     return write_tiny_llama(model_dir / "tiny-bytes.gguf", seed=4, emit="bytes")

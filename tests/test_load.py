@@ -18,7 +18,6 @@ import pytest
 
 from sidecar.models.gguf import read_metadata
 from tests.conftest import Daemon, write_config
-from tests.models import write_tiny_llama
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -41,11 +40,8 @@ def proc_status(pid: int) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory, tiny: Path, model_dir: Path) -> Iterator[Daemon]:
+def daemon(tmp_path_factory: pytest.TempPathFactory, tiny: Path, tiny_endless: Path) -> Iterator[Daemon]:
     d = tmp_path_factory.mktemp("load")
-    endless = model_dir / "endless.gguf"
-    if not endless.exists():
-        write_tiny_llama(endless, seed=1, end_bias=0.0)
     # Abandoning clients ask a model that never ends for a whole 4096-token context, so they
     # really leave mid-stream rather than after a short answer was already written.
     cfg = write_config(d / "pairs.yaml", f"""
@@ -55,7 +51,7 @@ pairs:
     parameters: {{temperature: 0.7, num_ctx: 256}}
     runtime: {{num_thread: 1}}
   endless:test:
-    from: {endless}
+    from: {tiny_endless}
     parameters: {{temperature: 0.7, num_ctx: 4096, num_predict: -1}}
     runtime: {{num_thread: 1}}
 """)

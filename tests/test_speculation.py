@@ -50,10 +50,9 @@ def test_pairing_accepts_the_same_vocabulary(tiny_pair: tuple[Path, Path]) -> No
     b.close()
 
 
-def test_a_draft_that_never_agrees_falls_back(model_dir: Path, stranger: Path) -> None:
+def test_a_draft_that_never_agrees_falls_back(tiny_endless: Path, stranger: Path) -> None:
     # A target that never ends its output, so there are enough rounds to judge the draft.
-    endless = write_tiny_llama(model_dir / "endless.gguf", seed=1, end_bias=0.0)
-    tw, dw = Weights(endless, n_gpu_layers=0), Weights(stranger, n_gpu_layers=0)
+    tw, dw = Weights(tiny_endless, n_gpu_layers=0), Weights(stranger, n_gpu_layers=0)
     ctx, dctx = Context(tw, ContextParams(n_ctx=512, n_threads=1)), Context(dw, ContextParams(n_ctx=512, n_threads=1))
     try:
         config = SpeculativeConfig(n_max=4, p_min=0.0)
