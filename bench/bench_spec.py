@@ -46,7 +46,7 @@ from prompts import PROMPTS, chat  # noqa: E402
 from sidecar.config.loader import parse  # noqa: E402
 from sidecar.config.schema import NgramDraft  # noqa: E402
 from sidecar.engine.adaptive import CostModel, expected_tokens  # noqa: E402
-from sidecar.engine.drafters import NgramDrafter  # noqa: E402
+from sidecar.engine.drafters import NgramDrafter, common_prefix  # noqa: E402
 from sidecar.engine.llama import Context  # noqa: E402
 from sidecar.runtime.manager import Outcome, Runtime, build_entry  # noqa: E402
 from sidecar.runtime.options import effective  # noqa: E402
@@ -75,6 +75,7 @@ def ensure_models(models: Path) -> None:
 
 @dataclass
 class Run:
+    prompt: list[int]  # the prompt tokens the runtime decoded (its BOS rule applied)
     tokens: list[int]
     tok_s: float
     drafted: int
@@ -94,7 +95,8 @@ async def generate(rt: Runtime, entry, text: str, n: int, speculate: bool) -> Ru
             out = ev
     assert out is not None
     r = out.result
-    return Run(r.tokens, len(r.tokens) / r.eval_seconds, r.draft_tokens, r.draft_accepted_tokens,
+    prompt = out.context[: len(out.context) - len(r.tokens)]
+    return Run(prompt, r.tokens, len(r.tokens) / r.eval_seconds, r.draft_tokens, r.draft_accepted_tokens,
                r.draft_rounds, r.fallback)
 
 
@@ -137,10 +139,7 @@ def ngram_bound(prompt: list[int], out: list[int], curve: list[float], draft: Ng
     reach = []
     for i in range(len(out)):
         proposal = drafter.propose(context, len(curve) - 1).tokens
-        m = 0
-        while m < len(proposal) and i + m < len(out) and proposal[m] == out[i + m]:
-            m += 1
-        reach.append(m)
+        reach.append(common_prefix(proposal, out[i : i + len(proposal)]))
         context.append(out[i])
     n = len(out)
     cost = [0.0] * (n + 1)
@@ -201,16 +200,13 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
         identical = all(r.tokens == plain_runs[0].tokens for r in plain_runs + spec_runs)
         agree = bnd = ""
         ratio_bound = ""
+        prompt, ref = plain_runs[0].prompt, plain_runs[0].tokens
         if pe.draft_ctxs:
-            prompt = lm.weights.tokenize(text, add_special=not lm.weights.starts_with_bos(text), parse_special=True)
-            ref = plain_runs[0].tokens
             a = await lm.pool.call(lambda slot, prompt=prompt, ref=ref: agreement(ref, prompt,
                                                                                  pe.draft_ctxs[slot.index]))
             b, k = bound(a, curve, c)
             agree, bnd, ratio_bound = f"{a:.3f}", f"{b:.2f} (k={k})", f"{(s / p) / b:.2f}"
         if ngram is not None:
-            prompt = lm.weights.tokenize(text, add_special=not lm.weights.starts_with_bos(text), parse_special=True)
-            ref = plain_runs[0].tokens
             b, b_wide = ngram_bound(prompt, ref, curve, ngram), ngram_bound(prompt, ref, wide_curve, ngram)
             bnd = f"{b:.2f} (k<={len(curve) - 1}); {b_wide:.2f} (k<={LONG_ROWS - 1})"
             ratio_bound = f"{(s / p) / b:.2f}"

@@ -156,8 +156,9 @@ class Pair(Strict):
 
     @model_validator(mode="after")
     def _n_min_fits_the_default_n_max(self) -> Pair:
+        """Speculative checks an explicit n_max; without one, the default depends on the draft."""
         n_max = self.speculative.engine(ngram=isinstance(self.draft, NgramDraft)).n_max
-        if self.speculative.n_min > n_max:
+        if self.speculative.n_max is None and self.speculative.n_min > n_max:
             raise ValueError(f"speculative.n_min {self.speculative.n_min} exceeds the default n_max {n_max}: set n_max")
         return self
 
