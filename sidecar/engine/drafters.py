@@ -189,6 +189,7 @@ class ModelDrafter:
             if caught_up > 2:
                 # A catch-up after target-only stretches is a one-off, timed apart. The token or
                 # two missed after a fully accepted round recur, so they count as drafting cost.
+                ctx.synchronize()
                 t_steps = time.perf_counter()
             else:
                 t_steps, caught_up = t0, 0

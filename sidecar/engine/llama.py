@@ -288,6 +288,11 @@ class Context:
         out = np.ctypeslib.as_array(ptr, shape=(len(rows), self.n_vocab))
         return out.copy()
 
+    def synchronize(self) -> None:
+        """Wait until queued work is done. On a GPU llama_decode can return before the device
+        finishes, and only reading logits waits; a timing that ends after a prefill needs this."""
+        C.llama_synchronize(self.ctx)
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
