@@ -130,7 +130,47 @@ def test_calibrate_keeps_the_fastest_run_and_flattens_noise(monkeypatch: pytest.
     model.calibrate(ctx, reps=3)  # type: ignore[arg-type]
     assert model.t_step[0] == 0.0
     assert model.t_step[1:] == pytest.approx([1.0, 1.4, 1.4])
+    assert model.t_switch == 0.0  # a step after a batch costs what any step does
     assert len(ctx) == 0
+
+
+class GraphContext(FakeContext):
+    """A GPU's clock: one-token steps in a row replay a captured graph (1 s each); the two steps
+    after a batch run without it while it is rebuilt (3 s each); a batch costs 3.5 s."""
+
+    def __init__(self, clock: list[float]) -> None:
+        super().__init__(clock, {})
+        self.singles = 0
+
+    def decode(self, tokens: Sequence[int]) -> None:
+        if len(tokens) == 1:
+            self.clock[0] += 1.0 if self.singles >= 2 else 3.0
+            self.singles += 1
+        else:
+            self.clock[0] += 3.5
+            self.singles = 0
+        self.tokens += list(tokens)
+
+
+def test_calibrate_times_steady_steps_and_what_a_batch_costs_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(adaptive.time, "perf_counter", lambda: clock[0])
+    model = CostModel(4)
+    model.calibrate(GraphContext(clock), reps=2)  # type: ignore[arg-type]
+    assert model.t_step[1:] == pytest.approx([1.0, 3.5, 3.5, 3.5])  # plain decoding is steps in a row
+    assert model.t_switch == pytest.approx(2 * (3.0 - 1.0))
+
+
+def test_on_a_gpu_starting_a_batch_must_repay_the_graph_it_interrupts() -> None:
+    """A draft expected to yield 4.3 tokens for a 3.5-step batch pays while batches run anyway
+    (after the prompt's prefill, or another batch), not once plain steps are at full speed again."""
+    p = plan([1.0] + [3.5] * 8)
+    p.cost.t_switch = 4.0
+    p.support = lambda: Support(key=1, prior=0.8)
+    assert p.draft_length(0, INF, 100) == 8  # right after the prompt: the graph is cold anyway
+    for produced in (1, 2):
+        p.record(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=1.0, produced=produced)
+    assert p.draft_length(2, INF, 100) == 0
 
 
 # -- draft length ----------------------------------------------------------------------------------
@@ -376,6 +416,9 @@ def test_calibrate_draft_measures_step_and_catchup(tiny: Path) -> None:
 
 def test_record_counters() -> None:
     p = plan(FLAT)
+    for _ in range(2):  # the first plain steps after a batch (the prompt's) are t_switch's to pay
+        p.record(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=5.0, produced=1)
+    assert p.cost.t_step[1] == 1.0
     p.record(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=2.0, produced=1)  # a plain step
     assert p.rounds == 0 and p.draft_tokens == 0
     assert p.cost.t_step[1] == pytest.approx(1.0 + 0.2 * (2.0 - 1.0))

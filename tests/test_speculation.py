@@ -58,9 +58,11 @@ def test_a_draft_that_never_agrees_falls_back(tiny_endless: Path, stranger: Path
         config = SpeculativeConfig(n_max=4, p_min=0.0)
         cost = CostModel(config.n_max + 1)
         cost.calibrate(ctx)
-        # Then flatten the curve as on a GPU (verifying 5 rows costs what 1 does), so drafting pays
-        # a priori on any machine and only the draft's acceptance can switch it off.
+        # Then flatten the curve as on an ideal GPU (verifying 5 rows costs what 1 does, and a batch
+        # costs the plain steps after it nothing), so drafting pays a priori on any machine and only
+        # the draft's acceptance can switch it off.
         cost.t_step = [0.0] + [cost.t_step[1]] * (config.n_max + 1)
+        cost.t_switch = 0.0
         prompt = tw.tokenize("fallback please", add_special=True, parse_special=False)
         events = list(Decoder(ctx, ModelDrafter(dctx), config, cost).generate(
             Request(prompt, SamplingParams(temperature=0), num_predict=200)))

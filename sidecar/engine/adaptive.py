@@ -60,6 +60,10 @@ class CostModel:
         self.t_step = [0.0] * (n_rows + 1)  # index = rows in the batch
         self.t_draft = 0.0  # seconds per drafted token
         self.t_catchup = 0.0  # seconds per token the draft prefills to catch up with the context
+        # Extra seconds the first plain steps after a batch cost. A GPU replays one-token decodes as
+        # a captured graph (CUDA graphs), which a batch of another shape interrupts, and rebuilding
+        # it takes a couple of slow steps; llama.cpp on a CPU has nothing of the kind (0 there).
+        self.t_switch = 0.0
         # The pair's acceptance across requests (decayed) per support key (drafters.Support), so a
         # new request starts from what this draft has shown rather than from the prior, and a
         # known-bad draft is rarely probed.
@@ -97,11 +101,31 @@ class CostModel:
                 t0 = time.perf_counter()
                 ctx.decode([0] * n)
                 best[n] = min(best[n], time.perf_counter() - t0)
+        # Plain decoding is one-token steps in a row, which a GPU runs faster than a step right
+        # after a batch (see t_switch): time both.
+        steady, switch = float("inf"), float("inf")
+        for _ in range(reps):
+            ctx.truncate(base)
+            ctx.decode([0] * n_rows)
+            after = [self._time_decode(ctx, 1) for _ in range(3)]
+            run = [self._time_decode(ctx, 1) for _ in range(4)]
+            steady = min(steady, *run)
+            switch = min(switch, sum(after) - 3 * min(run))
+        best[1] = min(best[1], steady)
+        # Rebuilding a graph costs at least one step run without it; less is cache effects and
+        # timing noise (a CPU measures 0.1-0.2 steps here, and has no graphs to rebuild).
+        self.t_switch = switch if switch > 0.5 * best[1] else 0.0
         # Verifying more rows never costs less; flatten noise that says otherwise.
         for n in range(2, n_rows + 1):
             best[n] = max(best[n], best[n - 1])
         self.t_step = [0.0, *best[1:]]
         ctx.clear()
+
+    @staticmethod
+    def _time_decode(ctx: Context, n: int) -> float:
+        t0 = time.perf_counter()
+        ctx.decode([0] * n)
+        return time.perf_counter() - t0
 
     def calibrate_draft(self, draft: Context, reps: int = 3) -> None:
         """Time the draft's one-token step and its catch-up prefill (per token), fastest of `reps`."""
@@ -113,10 +137,10 @@ class CostModel:
             draft.clear()
             t0 = time.perf_counter()
             draft.prefill([0] * 64)
-            t1 = time.perf_counter()
-            draft.decode([0])
-            t2 = time.perf_counter()
-            prefill, step = min(prefill, (t1 - t0) / 64), min(step, t2 - t1)
+            draft.synchronize()
+            prefill = min(prefill, (time.perf_counter() - t0) / 64)
+            # A draft's steps come in a row, like plain decoding (see calibrate).
+            step = min(step, *(self._time_decode(draft, 1) for _ in range(4)))
         draft.clear()
         self.t_draft, self.t_catchup = step, prefill
 
@@ -175,6 +199,7 @@ class Plan:
     _idle: int = 0
     _probing: bool = False
     _drafting: bool = False  # the last decision was to draft (staying on needs no start margin)
+    _since_batch: int = 0  # plain steps since the last batch (the prompt's prefill is one)
 
     @classmethod
     def start(cls, config: SpeculativeConfig, cost: CostModel, draft_has_cost: bool, num_predict: int) -> Plan:
@@ -193,6 +218,11 @@ class Plan:
             plan.enabled = False
             plan.fallback = f"short output: num_predict {num_predict} < {config.min_predict}"
         return plan
+
+    @property
+    def _warm(self) -> bool:
+        """Whether plain steps run at full speed again: two since the last batch (see t_switch)."""
+        return self._since_batch >= 2
 
     @property
     def acceptance(self) -> float:
@@ -217,10 +247,11 @@ class Plan:
             return 0
         plain = 1.0 / t[1]
         best_k, best_rate = 0, (1.0 if self._drafting else self.config.min_gain) * plain
+        switch = self.cost.t_switch if self._warm else 0.0  # a batch now costs the warm plain steps
         for k in range(max(1, self.config.n_min), min(k_cap, len(t) - 2) + 1):
             if t[k + 1] <= 0:
                 continue
-            rate = expected_tokens(a, k) / (t_d * k + t[k + 1])
+            rate = expected_tokens(a, k) / (t_d * k + t[k + 1] + switch)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         if best_k and not self._drafting and self.draft_has_cost:
@@ -237,7 +268,7 @@ class Plan:
         request's first probe) plus k draft steps. For a draft that does not pay, that is pure
         loss, so it waits for enough plain steps that it stays within `probe_budget` of them."""
         t = self.cost.t_step
-        probe = t[k + 1] - t[1]
+        probe = t[k + 1] - t[1] + self.cost.t_switch
         if self.draft_has_cost:
             probe += self.lag() * self.cost.t_catchup + k * self.cost.t_draft
         return probe <= self.config.probe_budget * self._idle * t[1]
@@ -293,7 +324,10 @@ class Plan:
                step_seconds: float | None = None, caught_up: int = 0) -> None:
         """Account one round; drafted = 0 for a plain step. step_seconds: drafting without catch-up,
         which prefilled `caught_up` tokens."""
-        self.cost.observe_step(drafted + 1, verify_seconds)
+        warm = self._warm
+        self._since_batch = self._since_batch + 1 if drafted == 0 else 0
+        if drafted or warm:  # the plain steps just after a batch are t_switch's, not t_step[1]'s
+            self.cost.observe_step(drafted + 1, verify_seconds)
         if step_seconds is not None:
             self.cost.observe_catchup(caught_up, draft_seconds - step_seconds)
         if drafted == 0:
@@ -320,6 +354,8 @@ class Plan:
         # A catch-up prefill is paid once, when drafting starts; whether to go on drafting must
         # not count it (it would stop drafting just as the investment starts to pay).
         self._spec_seconds += (draft_seconds if step_seconds is None else step_seconds) + verify_seconds
+        if warm:  # this round started a stretch of batches, and its end will pay t_switch
+            self._spec_seconds += self.cost.t_switch
         c = self.config
         if c.adaptive and self._spec_rounds >= c.fallback_rounds and self.cost.t_step[1] > 0:
             realised = self._spec_tokens / self._spec_seconds

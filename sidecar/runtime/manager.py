@@ -384,10 +384,12 @@ class Runtime:
             cal.calibrate(ctx)
             lm.calibrated = cal
             curve = ", ".join(f"{v:.2f}" for v in cal.verify_curve())
-            log.info("verify cost curve of %s (x one-token step, n = 1..%d): %s [%.2fs]",
-                     lm.weights.path.name, rows, curve, time.perf_counter() - t0)
+            log.info("verify cost curve of %s (x one-token step, n = 1..%d): %s; plain steps after a batch "
+                     "cost %.2f steps more [%.2fs]", lm.weights.path.name, rows, curve,
+                     cal.t_switch / cal.t_step[1], time.perf_counter() - t0)
         cost = CostModel(rows)
         cost.t_step = lm.calibrated.t_step[: rows + 1]
+        cost.t_switch = lm.calibrated.t_switch
         if draft_ctx is not None:
             cost.calibrate_draft(draft_ctx)
         return cost
