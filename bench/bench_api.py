@@ -128,7 +128,7 @@ def main() -> None:
             client = ollama.Client(host=d.url)
             http = httpx.Client(base_url=d.url, timeout=300)
             llm = llama_cpp.Llama(str(path), n_ctx=2048, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                                  flash_attn=False, n_gpu_layers=0, verbose=False)
+                                  flash_attn=False, n_gpu_layers=-1, verbose=False)
             for text in PROMPTS.values():  # warm both sides up
                 direct(llm, chat_text(text), 8)
                 daemon(client, chat_text(text), 8)

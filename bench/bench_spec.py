@@ -127,13 +127,15 @@ def bound(a: float, curve: list[float], c: float) -> tuple[float, int]:
     return best, best_k
 
 
-def ngram_bound(prompt: list[int], out: list[int], curve: list[float], draft: NgramDraft) -> float:
+def ngram_bound(prompt: list[int], out: list[int], curve: list[float], draft: NgramDraft,
+                switch: float = 0.0) -> float:
     """The best speed-up any choice of draft lengths could get from this n-gram drafter on this output.
 
     Greedy output is fixed and an n-gram proposal is a function of the context, so how many of its
     tokens the target would accept at each position (m_i) is known. A round at position i that drafts
     k <= m_i tokens emits k + 1 and costs v(k + 1) = curve[k]; dynamic programming over positions finds
-    the cheapest way through, against len(out) plain steps. Python overhead is left out."""
+    the cheapest way through, against len(out) plain steps. A stretch of batches that begins after
+    plain steps also costs `switch` (CostModel.t_switch, in steps). Python overhead is left out."""
     drafter = NgramDrafter(draft.min_n, draft.max_n)
     context = list(prompt)
     reach = []
@@ -142,10 +144,14 @@ def ngram_bound(prompt: list[int], out: list[int], curve: list[float], draft: Ng
         reach.append(common_prefix(proposal, out[i : i + len(proposal)]))
         context.append(out[i])
     n = len(out)
-    cost = [0.0] * (n + 1)
+    # after[i] / plain[i]: the cheapest way from position i when the last decode was a batch / a plain step
+    after, plain = [0.0] * (n + 1), [0.0] * (n + 1)
     for i in range(n - 1, -1, -1):
-        cost[i] = min(curve[k] + cost[i + k + 1] for k in range(min(reach[i], n - 1 - i) + 1))
-    return n / cost[0] if cost[0] else 1.0
+        step = 1.0 + plain[i + 1]
+        batch = min((curve[k] + after[i + k + 1] for k in range(1, min(reach[i], n - 1 - i) + 1)),
+                    default=float("inf"))
+        after[i], plain[i] = min(step, batch), min(step, batch + switch)
+    return n / after[0] if after[0] else 1.0  # the prompt's prefill was a batch
 
 
 def peak_rss_mb() -> float:
@@ -166,7 +172,8 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
     curve = cost.verify_curve()
     c = cost.t_draft / cost.t_step[1] if pe.draft_ctxs else 0.0
     print(f"\n### {key}: {label}\n")
-    print(f"load {load_s:.1f}s; target step {cost.t_step[1] * 1e3:.1f} ms; draft step / target step c = {c:.3f}")
+    print(f"load {load_s:.1f}s; target step {cost.t_step[1] * 1e3:.1f} ms; draft step / target step c = {c:.3f}; "
+          f"plain steps after a batch cost {cost.t_switch / cost.t_step[1]:.2f} steps more")
     shown = ", ".join(f"{v:.2f}" for v in curve)
     print(f"verify cost v(n) = t(n rows) / t(1 row), n = 1..{len(curve)}: {shown}")
     ngram = entry.config.draft if isinstance(entry.config.draft, NgramDraft) else None
@@ -197,7 +204,8 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
         drafted = sum(r.drafted for r in spec_runs)
         acc = sum(r.accepted for r in spec_runs)
         rounds = sum(r.rounds for r in spec_runs)
-        identical = all(r.tokens == plain_runs[0].tokens for r in plain_runs + spec_runs)
+        same = [r.tokens == plain_runs[0].tokens for r in plain_runs + spec_runs]
+        parted = min(common_prefix(r.tokens, plain_runs[0].tokens) for r in plain_runs + spec_runs)
         agree = bnd = ""
         ratio_bound = ""
         prompt, ref = plain_runs[0].prompt, plain_runs[0].tokens
@@ -207,14 +215,15 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
             b, k = bound(a, curve, c)
             agree, bnd, ratio_bound = f"{a:.3f}", f"{b:.2f} (k={k})", f"{(s / p) / b:.2f}"
         if ngram is not None:
-            b, b_wide = ngram_bound(prompt, ref, curve, ngram), ngram_bound(prompt, ref, wide_curve, ngram)
+            b = ngram_bound(prompt, ref, curve, ngram, cost.t_switch / cost.t_step[1])
+            b_wide = ngram_bound(prompt, ref, wide_curve, ngram, wide.t_switch / wide.t_step[1])
             bnd = f"{b:.2f} (k<={len(curve) - 1}); {b_wide:.2f} (k<={LONG_ROWS - 1})"
             ratio_bound = f"{(s / p) / b:.2f}"
         fb = next((r.fallback for r in spec_runs if r.fallback), None)
         print(f"| {name} | {p:.1f} | {s:.1f} | {s / p:.2f} | "
               f"{acc / drafted if drafted else 0:.2f} ({acc}/{drafted}) | "
               f"{1 + acc / rounds if rounds else 1:.2f} | {agree} | {bnd} | {ratio_bound} | "
-              f"{'yes' if identical else 'NO'} | {fb or ''} |")
+              f"{'yes' if all(same) else f'NO (from token {parted})'} | {fb or ''} |")
         ratios.append(s / p)
         sp, ss = [], []
         for _ in range(5 * args.reps):  # 8 tokens take ~60 ms and time noisily: more runs, alternating
@@ -235,10 +244,12 @@ async def main() -> None:
     ap.add_argument("--models", type=Path, default=OUT)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    ensure_models(args.models)
+    keys = args.pairs.split(",")
+    if keys != ["a"]:  # pair a needs only SmolLM2 itself
+        ensure_models(args.models)
     table = pairs(args.models)
     print(f"# bench_spec: greedy, {args.tokens} tokens, median of {args.reps}, alternating target-only/speculative")
-    for key in args.pairs.split(","):
+    for key in keys:
         label, target, draft = table[key]
         await bench_pair(key, label, target, draft, args)
 
