@@ -97,6 +97,7 @@ class FakeContext:
         self.clock = clock
         self.seconds = seconds  # per batch size, successive timings (the last one repeats)
         self.tokens: list[int] = []
+        self.n_ctx = 4096
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -408,6 +409,20 @@ def test_calibrate_draft_measures_step_and_catchup(tiny: Path) -> None:
         model.calibrate_draft(ctx)
         # Prefilling is batched, so a token of catch-up costs less than a one-token step.
         assert 0.0 < model.t_catchup < model.t_draft
+        assert len(ctx) == 0
+    finally:
+        ctx.close()
+        w.close()
+
+
+def test_calibration_fits_a_small_context(tiny: Path) -> None:
+    w = Weights(tiny, n_gpu_layers=0)
+    ctx = Context(w, ContextParams(n_ctx=24, n_threads=1))
+    try:
+        model = CostModel(9)
+        model.calibrate(ctx)  # 9 rows and three steps after them leave room for a 12-token prefix
+        model.calibrate_draft(ctx)
+        assert all(t > 0 for t in model.t_step[1:]) and model.t_draft > 0 and model.t_catchup > 0
         assert len(ctx) == 0
     finally:
         ctx.close()

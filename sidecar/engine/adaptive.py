@@ -89,7 +89,8 @@ class CostModel:
         machine inflates one sample rather than one size."""
         n_rows = len(self.t_step) - 1
         ctx.clear()
-        ctx.prefill([0] * 32)
+        # A short prefix, then the widest batch and three one-token steps: all within a small num_ctx.
+        ctx.prefill([0] * max(0, min(32, ctx.n_ctx - n_rows - 3)))
         base = len(ctx)
         for n in (n_rows, 1):  # warm-up: graph builds and output buffers for both extremes
             ctx.decode([0] * n)
@@ -130,15 +131,16 @@ class CostModel:
     def calibrate_draft(self, draft: Context, reps: int = 3) -> None:
         """Time the draft's one-token step and its catch-up prefill (per token), fastest of `reps`."""
         step = prefill = float("inf")
+        m = max(1, min(64, draft.n_ctx - 4))  # prefilled tokens, then four steps
         draft.clear()
-        draft.prefill([0] * 64)  # warm-up, and the graphs for both shapes
+        draft.prefill([0] * m)  # warm-up, and the graphs for both shapes
         draft.decode([0])
         for _ in range(reps):
             draft.clear()
             t0 = time.perf_counter()
-            draft.prefill([0] * 64)
+            draft.prefill([0] * m)
             draft.synchronize()
-            prefill = min(prefill, (time.perf_counter() - t0) / 64)
+            prefill = min(prefill, (time.perf_counter() - t0) / m)
             # A draft's steps come in a row, like plain decoding (see calibrate).
             step = min(step, *(self._time_decode(draft, 1) for _ in range(4)))
         draft.clear()
