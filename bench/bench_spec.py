@@ -204,11 +204,10 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
         drafted = sum(r.drafted for r in spec_runs)
         acc = sum(r.accepted for r in spec_runs)
         rounds = sum(r.rounds for r in spec_runs)
-        same = [r.tokens == plain_runs[0].tokens for r in plain_runs + spec_runs]
-        parted = min(common_prefix(r.tokens, plain_runs[0].tokens) for r in plain_runs + spec_runs)
+        prompt, ref = plain_runs[0].prompt, plain_runs[0].tokens
+        parted = [common_prefix(r.tokens, ref) for r in plain_runs + spec_runs if r.tokens != ref]
         agree = bnd = ""
         ratio_bound = ""
-        prompt, ref = plain_runs[0].prompt, plain_runs[0].tokens
         if pe.draft_ctxs:
             a = await lm.pool.call(lambda slot, prompt=prompt, ref=ref: agreement(ref, prompt,
                                                                                  pe.draft_ctxs[slot.index]))
@@ -223,7 +222,7 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
         print(f"| {name} | {p:.1f} | {s:.1f} | {s / p:.2f} | "
               f"{acc / drafted if drafted else 0:.2f} ({acc}/{drafted}) | "
               f"{1 + acc / rounds if rounds else 1:.2f} | {agree} | {bnd} | {ratio_bound} | "
-              f"{'yes' if all(same) else f'NO (from token {parted})'} | {fb or ''} |")
+              f"{f'NO (from token {min(parted)})' if parted else 'yes'} | {fb or ''} |")
         ratios.append(s / p)
         sp, ss = [], []
         for _ in range(5 * args.reps):  # 8 tokens take ~60 ms and time noisily: more runs, alternating

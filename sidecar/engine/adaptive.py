@@ -99,9 +99,7 @@ class CostModel:
         for _ in range(reps):
             for n in range(1, n_rows + 1):
                 ctx.truncate(base)
-                t0 = time.perf_counter()
-                ctx.decode([0] * n)
-                best[n] = min(best[n], time.perf_counter() - t0)
+                best[n] = min(best[n], self._time_decode(ctx, n))
         # Plain decoding is one-token steps in a row, which a GPU runs faster than a step right
         # after a batch (see t_switch): time both.
         steady, switch = float("inf"), float("inf")
