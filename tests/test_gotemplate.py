@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from sidecar.templates.gotemplate import GoTemplate, TemplateError, render_ollama
+from sidecar.templates.gotemplate import GoTemplate, TemplateError
+from sidecar.templates.ollama import render_ollama
 
 # ---------------------------------------------------------------------------------------------
 # Conformance: Ollama's own template test data (tests/data/ollama-templates, a copy of

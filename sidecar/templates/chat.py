@@ -15,7 +15,8 @@ from typing import Any, Protocol
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from sidecar.templates.gotemplate import GoTemplate, TemplateError, render_ollama
+from sidecar.templates.gotemplate import GoTemplate, TemplateError
+from sidecar.templates.ollama import render_ollama
 
 __all__ = ["ChatTemplate", "GoChatTemplate", "JinjaChatTemplate", "TemplateError", "choose"]
 

@@ -1,11 +1,11 @@
 """Tool calls: which templates support them, and finding them in a model's output as Ollama does.
 
-Ollama (tools/tools.go) keys its parser off the chat template: the literal text the template
-writes right after `{{ if .ToolCalls }}` / `{{ range .ToolCalls }}` is the tag a model puts before
-its calls (`<tool_call>` for Qwen/Hermes, `[TOOL_CALLS]` for Mistral); a template whose calls start
-with JSON (Llama 3.x: `{"name": ..., "parameters": ...}`) gets the tag `{`, and then only output
-that *starts* with a JSON object or array is taken for calls. After the tag come JSON objects (or
-an array of them) with a `name` and `arguments` (or `parameters`).
+Ollama (tools/tools.go) keys its parser off the chat template: the first text the template
+writes inside its `{{ if .ToolCalls }}` block (else branches included, tools/template.go) is the
+tag a model puts before its calls (`<tool_call>` for Qwen/Hermes, `[TOOL_CALLS]` for Mistral); a
+template whose calls start with JSON (Llama 3.x: `{"name": ..., "parameters": ...}`) gets the tag
+`{`, and then only output that *starts* with a JSON object or array is taken for calls. After the
+tag come JSON objects (or an array of them) with a `name` and `arguments` (or `parameters`).
 
 The parser is conservative: a call must name one of the request's tools and carry an object of
 arguments, otherwise everything it held back is released as ordinary content. While output could
@@ -14,14 +14,16 @@ still turn into a call it is held back, so a stream never shows half a call as t
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
 import string
 from typing import Any
 
-_GO_TOOLCALLS = re.compile(r"\{\{-?\s*(?:if|range)\s+(?:\$\w+\s*:=\s*)?\.ToolCalls\s*-?\}\}")
-_GO_ACTION = re.compile(r"\{\{.*?\}\}", re.S)
+from sidecar.templates.gotemplate import GoTemplate, TemplateError
+from sidecar.templates.tags import find_tool_call_node, tool_call_tag
+
 # Tags of the common formats, for jinja (GGUF) templates, which have no .ToolCalls to look after.
 _KNOWN_TAGS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<|tool_call_start|>", "<function_call>")
 
@@ -33,18 +35,24 @@ def supports_tools(source: str) -> bool:
     return "{%" in source and re.search(r"\btools\b", source) is not None
 
 
+@functools.lru_cache(maxsize=64)  # parsing a Qwen-size template costs a millisecond, per request
 def tool_tag(source: str) -> str:
-    """The text that opens a model's tool calls under this template ("{" means bare JSON)."""
-    m = _GO_TOOLCALLS.search(source)
-    if m is not None:
-        # Ollama's parseTag: the first text node after the .ToolCalls node, cut before any "{".
-        for text in _GO_ACTION.split(source[m.end():]):
-            if text.strip():
-                tag = text.replace("\r\n", "\n").split("{", 1)[0].strip()
-                if len(tag) > 1 and tag.endswith("["):
-                    tag = tag[:-1].rstrip()  # `[TOOL_CALLS][`: the "[" opens the JSON array of calls
-                return tag or "{"
-        return "{"
+    """The text that opens a model's tool calls under this template ("{" means bare JSON).
+
+    A Go template with an ``{{ if .ToolCalls }}`` gets Ollama's tag (tags.tool_call_tag); any
+    other template, or one our engine can't parse, is searched for the common tags.
+    """
+    try:
+        template: GoTemplate | None = GoTemplate(source)
+    except TemplateError:
+        template = None
+    if template is not None and find_tool_call_node(template.root.nodes) is not None:
+        tag = tool_call_tag(template)
+        if len(tag) > 1 and tag.endswith("["):
+            # Not Ollama's: our parser wants the JSON after the tag, and in `[TOOL_CALLS][` the "["
+            # opens the array of calls.
+            tag = tag[:-1].rstrip()
+        return tag
     for tag in _KNOWN_TAGS:
         if tag in source:
             return tag
