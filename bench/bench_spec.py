@@ -43,13 +43,14 @@ sys.path.insert(0, str(REPO / "bench"))
 from derive_models import STANDARD_SET, extend, smollm2_path, truncate  # noqa: E402, F401
 from prompts import PROMPTS, chat  # noqa: E402
 
+from sidecar.config.entries import build_entry  # noqa: E402
 from sidecar.config.loader import parse  # noqa: E402
 from sidecar.config.schema import NgramDraft  # noqa: E402
 from sidecar.engine.adaptive import CostModel, expected_tokens  # noqa: E402
 from sidecar.engine.drafters import NgramDrafter, common_prefix  # noqa: E402
 from sidecar.engine.llama import Context  # noqa: E402
-from sidecar.runtime.manager import Outcome, Runtime, build_entry  # noqa: E402
-from sidecar.runtime.options import effective  # noqa: E402
+from sidecar.runtime.contract import Job, Outcome, Prompt  # noqa: E402
+from sidecar.runtime.manager import Runtime  # noqa: E402
 
 OUT = REPO / "bench" / "out" / "models"
 LONG_ROWS = 33  # the n-gram bound is also given for drafts of up to 32 tokens
@@ -88,9 +89,8 @@ async def generate(rt: Runtime, entry, text: str, n: int, speculate: bool) -> Ru
     opts = {"temperature": 0, "num_predict": n}
     if not speculate:
         opts["draft_num_predict"] = 0
-    eff = effective(entry.params, opts)
     out: Outcome | None = None
-    async for ev in rt.generate(entry, lambda lm: (text, None), eff, keep_alive=-1):
+    async for ev in rt.generate(entry, Job(Prompt.of_completion(text, raw=True), opts, keep_alive=-1)):
         if isinstance(ev, Outcome):
             out = ev
     assert out is not None

@@ -1,4 +1,4 @@
-"""`sidecar serve | check | bench`."""
+"""`sidecar serve | check`."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from sidecar import __version__
 from sidecar.config.loader import ConfigError, default_path
+from sidecar.config.schema import UpstreamKind
 from sidecar.observability.logs import setup_logging
 
 if TYPE_CHECKING:
-    from sidecar.runtime.manager import PairEntry
+    from sidecar.config.entries import PairEntry
 
 log = logging.getLogger("sidecar")
 
@@ -74,6 +74,18 @@ def keep_alive_default() -> float:
         return 300.0
 
 
+def num_parallel_default() -> int:
+    """OLLAMA_NUM_PARALLEL, as Ollama reads it; unset, empty or not a positive integer: 1."""
+    raw = os.environ.get("OLLAMA_NUM_PARALLEL", "").strip()
+    try:
+        n = int(raw)
+    except ValueError:
+        if raw:
+            log.warning("OLLAMA_NUM_PARALLEL=%r is not an integer; using 1", raw)
+        return 1
+    return n if n >= 1 else 1
+
+
 DRAIN_TIMEOUT = 30.0  # below systemd's TimeoutStopSec (120 s in our units), with room for unloading
 CUT_GRACE = 5.0  # after the deadline: how long cut streams get to write their last line
 
@@ -96,10 +108,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from sidecar.api import admin, lifecycle, proxy
     from sidecar.api.app import create_app
-    from sidecar.config.reload import Reloader
     from sidecar.observability import metrics
     from sidecar.observability.notify import ServiceNotifier
-    from sidecar.runtime.manager import Runtime, num_parallel_default
+    from sidecar.runtime.manager import Runtime
+    from sidecar.runtime.reload import Reloader
 
     path = default_path(args.config)
     runtime = Runtime(keep_alive=keep_alive_default(), max_queue=int(os.environ.get("OLLAMA_MAX_QUEUE") or 512),
@@ -115,7 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else port
     try:  # the upstream: --upstream, else SIDECAR_UPSTREAM, else the config's upstream:
         upstream = proxy.resolve_upstream(args.upstream, None, config.upstream)
-        upstream_kind = proxy.resolve_kind(args.upstream_kind, None, getattr(config, "upstream_kind", None))
+        upstream_kind = proxy.resolve_kind(args.upstream_kind, None, config.upstream_kind)
         proxy.check_not_self(upstream, host, port)
     except ValueError as e:
         print(f"sidecar: {e}", file=sys.stderr)
@@ -189,7 +201,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Validate, resolve every model and check every draft against its target; never serves.
 
     Prints one row per pair and exits 1 on any problem, so it can gate a deploy or a reload."""
-    from sidecar.config.reload import load_file
+    from sidecar.config.loader import load_file
 
     path = default_path(args.config)
     try:
@@ -201,8 +213,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     rows = [("PAIR", "TARGET", "DRAFT", "STATUS")]
     for name, pair in prepared.config.pairs.items():
         entry = prepared.entries.get(name)
-        draft = pair.draft
-        dname = "none" if draft is None else ("ngram" if getattr(draft, "type", "") == "ngram" else draft.from_)
+        dname = pair.draft_label or "none"
         if entry is None:
             ok = False
             rows.append((name, pair.from_, dname, f"error: {prepared.errors.get(name, 'not resolved')}"))
@@ -246,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--port", type=int, help="listen port (default: from OLLAMA_HOST, else 11434)")
     s.add_argument("--upstream", help="the real Ollama for everything that is not a pair, e.g. "
                    "http://127.0.0.1:11435 (default: SIDECAR_UPSTREAM, else upstream: in the config)")
-    s.add_argument("--upstream-kind", choices=("auto", "ollama", "lmstudio"),
+    s.add_argument("--upstream-kind", choices=get_args(UpstreamKind),
                    help="ollama, or lmstudio (serves /v1 only); default: detected")
     s.add_argument("--drain-timeout", type=float, metavar="SECONDS",
                    help="on SIGTERM/SIGINT, how long running requests may take to finish before their "
@@ -256,19 +267,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="do not watch the config file (SIGHUP still reloads it)")
     c = sub.add_parser("check", help="validate pairs.yaml, resolve models, check draft pairing")
     c.add_argument("--config")
-    b = sub.add_parser("bench", help="side-by-side speculative vs target-only benchmark")
-    b.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     setup_logging()
     if args.command == "serve":
         return cmd_serve(args)
-    if args.command == "check":
-        return cmd_check(args)
-    import runpy
-
-    sys.argv = ["bench_spec.py", *args.rest]
-    runpy.run_path(str(Path(__file__).resolve().parent.parent / "bench" / "bench_spec.py"), run_name="__main__")
-    return 0
+    return cmd_check(args)
 
 
 if __name__ == "__main__":

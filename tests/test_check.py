@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.cli import cmd_check
-from sidecar.config.loader import load
-from sidecar.config.reload import load_file
+from sidecar.config.loader import load, load_file
 from sidecar.templates.chat import GoChatTemplate
 from tests.conftest import REPO
 from tests.models import write_tiny_llama, write_tiny_pair

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +29,7 @@ class FakeEntry:
 class FakeRuntime:
     """What the scrape-time collector reads from sidecar.runtime.manager.Runtime."""
 
-    _pending: int = 0
+    pending: int = 0
     loaded: list[tuple[FakeEntry, object]] = field(default_factory=list)
     on_load: list[Callable[[str, float, bool], None]] = field(default_factory=list)
 
@@ -40,10 +39,7 @@ class FakeRuntime:
 
 def make_app(runtime: FakeRuntime | None = None) -> web.Application:
     app = web.Application()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # app.py uses a plain "runtime" key too
-        app["runtime"] = runtime
-    metrics.setup(app)
+    metrics.setup(app, runtime)
 
     async def chat(request: web.Request) -> web.Response:
         metrics.observe_request(request, "/api/chat", "tiny:test", 200)
@@ -124,7 +120,7 @@ async def test_models_config_upstream(aiohttp_client: Factory) -> None:
     assert s['sidecar_config_reloads_total{result="failure"}'] == 0
 
     shared = object()  # two pairs riding on one target
-    rt._pending = 3
+    rt.pending = 3
     rt.loaded = [(FakeEntry("a:1"), shared), (FakeEntry("b:1"), shared), (FakeEntry("c:1"), object())]
     metrics.observe_model_load(app, "a:1", 2.0)
     for hook in rt.on_load:  # what the runtime calls when it loads a pair

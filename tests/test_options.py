@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from sidecar.config.options import MAX_CTX, OptionError, coerce
 from sidecar.engine.sampling import SamplingParams
-from sidecar.runtime.options import MAX_CTX, Effective, OptionError, coerce, effective
+from sidecar.runtime.options import Effective, effective
 
 # -- coerce ----------------------------------------------------------------------------------------
 

@@ -28,13 +28,13 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from sidecar.api import proxy
 from sidecar.api.app import create_app
-from sidecar.config.schema import Pair
-from sidecar.runtime.manager import Runtime, build_entry
+from sidecar.config.entries import build_entry
+from sidecar.config.schema import Pair, UpstreamKind
+from sidecar.runtime.manager import Runtime
 from tests.conftest import Daemon, free_port, write_config
 from tests.models import write_tiny_llama
 
 GREEDY = {"temperature": 0, "num_predict": 12}
-pytestmark = pytest.mark.filterwarnings("ignore:It is recommended to use web.AppKey")  # app.py's "runtime" key
 T = 120  # generous: the test machine is small and shared (and pairs run on one thread: tiny models, busy CPUs)
 
 
@@ -433,7 +433,7 @@ pairs:
 Factory = Callable[..., Awaitable[TestClient]]
 
 
-def app_with(tiny: Path, upstream: str | None = None, kind: proxy.Kind = "auto") -> web.Application:
+def app_with(tiny: Path, upstream: str | None = None, kind: UpstreamKind = "auto") -> web.Application:
     rt = Runtime()
     rt.set_entries({"tiny:test": build_entry("tiny:test", Pair.model_validate({"from": str(tiny)}))})
     return create_app(rt, upstream=upstream, upstream_kind=kind)

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from sidecar.config.reload import Reloader
 from sidecar.runtime.manager import Runtime
+from sidecar.runtime.reload import Reloader
 from tests.conftest import Daemon
 from tests.models import write_tiny_llama, write_tiny_pair
 from tests.test_stores import add_ollama_model
@@ -294,8 +294,8 @@ async def test_triggers_coalesce_into_one_single_flight_reload(tmp_path: Path) -
 
 async def test_apply_diffs_pair_by_pair(home: Path) -> None:
     """Runtime.apply in-process: what it keeps, rebinds, drops and unloads."""
+    from sidecar.config.entries import build_entry
     from sidecar.config.schema import Pair
-    from sidecar.runtime.manager import build_entry
 
     def entry(name: str, **fields: Any) -> Any:
         spec = {"from": "tiny.gguf", "runtime": {"num_thread": 1}, "parameters": {"num_ctx": 256}, **fields}

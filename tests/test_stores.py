@@ -13,8 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sidecar.config.loader import ConfigError
-from sidecar.config.reload import load_file
+from sidecar.config.loader import ConfigError, load_file
 from sidecar.models.resolve import ModelNotFound, Stores, parse_ollama_name, resolve
 from sidecar.templates.chat import GoChatTemplate
 from tests.conftest import SMOLLM2_REF, Daemon

@@ -1,4 +1,4 @@
-"""Ollama's wire format: keep_alive durations, NDJSON framing, request bodies and typed fields."""
+"""Ollama's wire format: keep_alive durations, NDJSON framing, request bodies and their typed fields."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from sidecar.api.wire import ApiError, dumps, get, line, ns, parse_duration, read_body
+from sidecar.api.requests import ChatRequest, GenerateRequest
+from sidecar.api.wire import ApiError, dumps, line, ns, parse_duration, read_body
 
 # -- parse_duration --------------------------------------------------------------------------------
 
@@ -176,27 +177,36 @@ def test_read_body_needs_an_object(raw: bytes, kind: str) -> None:
 # -- typed fields ----------------------------------------------------------------------------------
 
 
-def test_get_returns_typed_values_and_defaults() -> None:
-    b = {"model": "a:b", "stream": False, "n": 3, "x": None}
-    assert get(b, "model", str, "GenerateRequest") == "a:b"
-    assert get(b, "stream", bool, "GenerateRequest", True) is False
-    assert get(b, "n", (int, float), "GenerateRequest") == 3
-    assert get(b, "x", str, "GenerateRequest", "dflt") == "dflt"
-    assert get(b, "missing", str, "GenerateRequest", "dflt") == "dflt"
+def test_requests_read_typed_values_and_zero_values() -> None:
+    r = GenerateRequest.read({"model": "a:b", "stream": False, "prompt": None, "system": None, "x": 3})
+    assert (r.model, r.stream, r.prompt, r.system, r.raw, r.context) == ("a:b", False, "", None, False, None)
+    assert GenerateRequest.read({}).stream is True  # Ollama: a missing stream means true
+    chat = ChatRequest.read({"messages": [{"role": "User", "content": "hi", "tool_name": None}]})
+    assert [m.as_dict() for m in chat.messages] == [{"role": "user", "content": "hi"}]
 
 
 @pytest.mark.parametrize(
-    ("value", "kind", "message"),
+    ("model", "body", "message"),
     [
-        (3, str, "json: cannot unmarshal number into Go struct field GenerateRequest.f of type string"),
-        (True, int, "json: cannot unmarshal bool into Go struct field GenerateRequest.f of type int"),
-        ("yes", bool, "json: cannot unmarshal string into Go struct field GenerateRequest.f of type bool"),
-        ([1], dict, "json: cannot unmarshal array into Go struct field GenerateRequest.f of type map"),
-        (math.inf, float,
-         "json: cannot unmarshal number into Go struct field GenerateRequest.f of type float64"),
+        (GenerateRequest, {"prompt": 3},
+         "json: cannot unmarshal number into Go struct field GenerateRequest.prompt of type string"),
+        (GenerateRequest, {"raw": "yes"},
+         "json: cannot unmarshal string into Go struct field GenerateRequest.raw of type bool"),
+        (GenerateRequest, {"stream": 1},
+         "json: cannot unmarshal number into Go struct field GenerateRequest.stream of type bool"),
+        (GenerateRequest, {"images": {"a": 1}},
+         "json: cannot unmarshal object into Go struct field GenerateRequest.images of type []"),
+        (GenerateRequest, {"context": [1, "a"]},
+         "json: cannot unmarshal into Go struct field GenerateRequest.context of type int"),
+        (ChatRequest, {"messages": [{"role": 3}]},
+         "json: cannot unmarshal number into Go struct field Message.role of type string"),
+        (ChatRequest, {"messages": ["hi"]},
+         "json: cannot unmarshal str into Go struct field ChatRequest.messages of type api.Message (message 0)"),
+        (ChatRequest, {"tools": True},
+         "json: cannot unmarshal bool into Go struct field ChatRequest.tools of type []"),
     ],
 )
-def test_get_wrong_types_get_gos_decoder_error(value: Any, kind: type, message: str) -> None:
+def test_wrong_types_get_gos_decoder_error(model: Any, body: dict[str, Any], message: str) -> None:
     with pytest.raises(ApiError) as e:
-        get({"f": value}, "f", kind, "GenerateRequest")
+        model.read(body)
     assert (e.value.status, e.value.message) == (400, message)

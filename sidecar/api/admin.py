@@ -13,9 +13,11 @@ from typing import Any
 
 from aiohttp import web
 
+from sidecar.api.pairs import runtime_of
 from sidecar.api.wire import json_response
-from sidecar.config.reload import Reloader
-from sidecar.runtime.manager import PairEntry, Runtime
+from sidecar.config.entries import PairEntry
+from sidecar.runtime.manager import Runtime
+from sidecar.runtime.reload import Reloader
 
 RELOADER = web.AppKey("sidecar_reloader", Reloader)
 
@@ -25,7 +27,7 @@ def setup(app: web.Application) -> None:
 
 
 async def status(request: web.Request) -> web.Response:
-    rt: Runtime = request.app["runtime"]
+    rt = runtime_of(request)
     reloader = request.app.get(RELOADER)
     body: dict[str, Any] = reloader.info() if reloader is not None else {"config": None}
     pair_errors = reloader.pair_errors if reloader is not None else {}
@@ -37,12 +39,8 @@ async def status(request: web.Request) -> web.Response:
 
 
 def _draft(entry: PairEntry) -> str | None:
-    d = entry.config.draft
-    if d is None:
-        return None
-    if getattr(d, "type", None) == "ngram":
-        return "ngram"
-    return str(entry.draft.path) if entry.draft is not None else d.from_  # type: ignore[union-attr]
+    """The draft's file where it is a model, else how the pair names it (ngram, none)."""
+    return str(entry.draft.path) if entry.draft is not None else entry.config.draft_label
 
 
 def pairs(rt: Runtime, errors: dict[str, str]) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""The aiohttp application: routes, Ollama-shaped errors, and the pieces every request passes."""
+"""The aiohttp application: routes, the one error envelope per route, and what every request passes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import logging
 from aiohttp import web
 
 from sidecar.api import admin, guard, lifecycle, ollama, openai, proxy
-from sidecar.api.wire import ApiError, error_response
+from sidecar.api.pairs import RUNTIME
+from sidecar.api.respond import api_error
+from sidecar.api.wire import error_for
+from sidecar.config.schema import UpstreamKind
 from sidecar.observability import metrics
 from sidecar.runtime.manager import Runtime
 
@@ -17,14 +20,13 @@ MAX_BODY = 64 * 1024 * 1024  # generous for long prompts and images, small enoug
 
 
 @web.middleware
-async def ollama_errors(request: web.Request, handler):  # type: ignore[no-untyped-def]
-    """Every failure becomes Ollama's `{"error": ...}`; nothing escapes as a traceback page."""
+async def errors(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    """Every failure in the route's error shape (OpenAI's under /v1, Ollama's elsewhere); nothing
+    escapes as a traceback page."""
     try:
         return await handler(request)
-    except ApiError as e:
-        return error_response(e.status, e.message)
     except web.HTTPRequestEntityTooLarge:
-        return error_response(413, f"request body too large (limit {MAX_BODY} bytes)")
+        return error_for(request, 413, f"request body too large (limit {MAX_BODY} bytes)")
     except web.HTTPException as e:
         if e.status in (404, 405) and not request.path.startswith("/api/"):
             raise
@@ -34,23 +36,25 @@ async def ollama_errors(request: web.Request, handler):  # type: ignore[no-untyp
             return web.Response(status=405, text="405 method not allowed", content_type="text/plain")
         raise
     except Exception as e:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(500, f"internal error: {e}")
+        err = api_error(e, unknown="internal error")
+        if err.status == 500:
+            log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_for(request, err.status, err.message)
 
 
 def create_app(runtime: Runtime, *, bind_host: str = "127.0.0.1", upstream: str | None = None,
-               upstream_kind: proxy.Kind = "auto") -> web.Application:
+               upstream_kind: UpstreamKind = "auto") -> web.Application:
     """`bind_host` is the listen address: on loopback the Host-header (DNS-rebinding) check is on.
     `upstream`: the real Ollama (or LM Studio) that serves everything that is not a pair."""
     drain = lifecycle.Drain()
     app = web.Application(middlewares=[lifecycle.request_id, metrics.middleware, *guard.middlewares(bind_host),
-                                       drain.middleware, ollama_errors],
+                                       drain.middleware, errors],
                           client_max_size=MAX_BODY)
     app[lifecycle.DRAIN] = drain
     app.on_response_prepare.append(guard.on_response_prepare)
     app.on_response_prepare.append(lifecycle.on_response_prepare)
-    app["runtime"] = runtime
-    metrics.setup(app)
+    app[RUNTIME] = runtime
+    metrics.setup(app, runtime)
     proxy.setup(app, upstream, upstream_kind)
     r = app.router
     r.add_get("/", ollama.root)  # add_get answers HEAD too, as Ollama does

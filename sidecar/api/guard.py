@@ -240,13 +240,6 @@ def _ip_allowed(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return ip.is_loopback or ip.is_unspecified or any(ip in n for n in _GO_PRIVATE) or is_local_ip(ip)
 
 
-def host_allowed(host_header: str, hostname: str | None = None) -> bool:
-    """Would the Host check let this `Host` header through (any method)?"""
-    host = _host_only(host_header)
-    ip = _ip(host.split("%", 1)[0])
-    return (ip is not None and _ip_allowed(ip)) or allowed_host(host, hostname)
-
-
 def is_loopback_bind(bind_host: str) -> bool:
     """Is the listener on a loopback address? ("" and "0.0.0.0" are every interface: no.)"""
     h = bind_host.strip("[]")

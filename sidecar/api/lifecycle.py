@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from sidecar.api.proxy import error_for
+from sidecar.api.wire import error_for
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

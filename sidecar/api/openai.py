@@ -1,56 +1,31 @@
 """The OpenAI-compatible /v1 API for pairs, as Ollama serves it (ollama-api.md §10).
 
 Editors, agents and SDKs that speak OpenAI reach Ollama at /v1, so pairs must answer there too.
-Requests map onto the same generation as /api/chat and /api/generate (sidecar.api.generation),
-with Ollama's /v1 defaults: temperature and top_p 1.0 when absent, `max_tokens` as num_predict,
-`stream` false by default. Errors use OpenAI's envelope, which the SDKs parse.
+Requests become the same Jobs as /api/chat and /api/generate, with Ollama's /v1 defaults:
+temperature and top_p 1.0 when absent, `max_tokens` as num_predict, `stream` false by default.
+Answers are OpenAI's chat.completion / text_completion objects or SSE chunks (`OpenAIFraming`);
+errors use OpenAI's envelope, which the SDKs parse (api.app picks it by path).
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import logging
 import math
 import random
 import time
-from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
-from sidecar.api import generation, proxy
-from sidecar.api.generation import Generation, Render, client_gone
+from sidecar.api import proxy
+from sidecar.api.pairs import find_pair, runtime_of
+from sidecar.api.respond import respond
 from sidecar.api.wire import ApiError, dumps, json_response, read_body
-from sidecar.runtime.manager import Loaded, Outcome, PairEntry, Runtime
-from sidecar.templates.tools import ToolCallParser, supports_tools
-
-log = logging.getLogger("sidecar.api")
+from sidecar.config.entries import PairEntry
+from sidecar.runtime.contract import Delta, Job, Outcome, Prompt
 
 SSE = "text/event-stream"
 FINGERPRINT = "fp_ollama"  # what Ollama sends; clients that branch on it see Ollama
-
-
-def errors(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
-    """Every failure on a /v1 route as OpenAI's {"error": {message, type, param, code}}."""
-
-    @functools.wraps(handler)
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except ApiError as e:
-            return proxy.openai_error(e.status, e.message)
-        except web.HTTPRequestEntityTooLarge:
-            return proxy.openai_error(413, "request body too large")
-        except Exception as e:
-            log.exception("unhandled error on %s %s", request.method, request.path)
-            return proxy.openai_error(500, f"internal error: {e}")
-
-    return wrapped
-
-
-def runtime_of(request: web.Request) -> Runtime:
-    return request.app["runtime"]
 
 
 # -- request fields --------------------------------------------------------------------------------
@@ -112,14 +87,12 @@ def _response_format(body: dict[str, Any]) -> str | dict[str, Any] | None:
     raise ApiError(400, "invalid response_format: type must be text, json_object or json_schema")
 
 
-def _tools(entry: PairEntry, body: dict[str, Any]) -> list[dict[str, Any]] | None:
+def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     tools = body.get("tools")
     if tools is None or tools == []:
         return None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise ApiError(400, "invalid tools: must be an array of objects")
-    if not supports_tools(generation.template_source(entry)):
-        raise ApiError(400, f"{entry.name} does not support tools")
     return tools
 
 
@@ -174,10 +147,7 @@ def _find(request: web.Request, body: dict[str, Any]) -> PairEntry:
     name = body.get("model")
     if not isinstance(name, str) or not name:
         raise ApiError(400, "model is required")
-    entry = runtime_of(request).find(name)
-    if entry is None:
-        raise ApiError(404, f"model '{name}' not found")
-    return entry
+    return find_pair(request, name)
 
 
 def _messages(entry: PairEntry, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -241,41 +211,32 @@ def _usage(o: Outcome) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _event(obj: Any) -> bytes:
-    return f"data: {dumps(obj)}\n\n".encode("ascii")
+class OpenAIFraming:
+    """chat.completion / text_completion objects, or their SSE chunks ending with `data: [DONE]`."""
 
+    content_type = SSE
 
-class _Shape:
-    """What differs between chat.completion and text_completion: ids, objects, choice bodies."""
-
-    def __init__(self, chat: bool, entry: PairEntry) -> None:
+    def __init__(self, entry: PairEntry, *, chat: bool, include_usage: bool = False) -> None:
         self.chat = chat
+        self.include_usage = include_usage
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{random.randrange(1000)}"  # Ollama: rand.Intn(999)
         self.model = entry.name
-        self.created = int(time.time())
+        self.created = int(time.time())  # every chunk carries the first one's
+        self.first = True  # the first chat delta carries the role
+        self.called = False  # a stream that made tool calls finishes with "tool_calls"
 
     def envelope(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": FINGERPRINT}
 
-    def whole(self, text: str, o: Outcome, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        if self.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text}
-            if calls:
-                message["tool_calls"] = _tool_calls(calls)
-            choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": _finish(o, bool(calls))}
-            out = self.envelope("chat.completion")
-        else:
-            choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": _finish(o)}
-            out = self.envelope("text_completion")
-        return {**out, "choices": [choice], "usage": _usage(o)}
+    def encode(self, chunk: dict[str, Any]) -> bytes:
+        return f"data: {dumps(chunk)}\n\n".encode("ascii")
 
-    def chunk(self, piece: str | None, finish: str | None, first: bool = False,
-              calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def chunk(self, piece: str | None, finish: str | None, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """A streamed piece or tool calls (finish None), or the closing chunk (piece None)."""
         if self.chat:
             delta: dict[str, Any] = {}
-            if first:
+            if self.first:
                 delta["role"] = "assistant"
             if piece is not None:
                 delta["content"] = piece
@@ -286,86 +247,50 @@ class _Shape:
         else:
             choice = {"text": piece or "", "index": 0, "logprobs": None, "finish_reason": finish}
             obj = "text_completion"
+        self.first = False
         return {**self.envelope(obj), "choices": [choice]}
 
-    def usage_chunk(self, o: Outcome) -> dict[str, Any]:
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self.envelope(obj), "choices": [], "usage": _usage(o)}
+    def delta(self, d: Delta) -> list[dict[str, Any]]:
+        out = [self.chunk(d.content, None)] if d.content else []
+        if d.tool_calls:
+            out.append(self.chunk(None, None, list(d.tool_calls)))
+            self.called = True
+        return out
 
+    def final(self, o: Outcome) -> list[dict[str, Any]]:
+        out = [self.chunk(None, _finish(o, self.called))]  # chat: delta {} (the role if nothing came)
+        if self.include_usage:
+            obj = "chat.completion.chunk" if self.chat else "text_completion"
+            out.append({**self.envelope(obj), "choices": [], "usage": _usage(o)})
+        return out
 
-async def _respond(request: web.Request, rt: Runtime, entry: PairEntry, render: Render, opts_layer: dict[str, Any],
-                   stream: bool, include_usage: bool, *, chat: bool, fmt: str | dict[str, Any] | None = None,
-                   parser: ToolCallParser | None = None) -> web.StreamResponse:
-    opts = generation.options(entry, opts_layer)
-    shape = _Shape(chat, entry)
-    gen = await Generation.start(rt, entry, render, opts, None, fmt)  # errors before any byte keep their status
-    if not stream:
-        text, calls, outcome = await gen.text(parser)
-        gen.finish(request, entry)
-        return json_response(shape.whole(text, outcome, calls))
+    def end(self) -> bytes:
+        return b"data: [DONE]\n\n"
 
-    resp = web.StreamResponse(headers={"Content-Type": SSE})
-    await resp.prepare(request)
-    first = True
-    called = False
+    def error(self, message: str) -> dict[str, Any]:
+        return {"error": {"message": message, "type": "api_error", "param": None, "code": None}}
 
-    async def send(content: str, calls: list[dict[str, Any]]) -> None:
-        nonlocal first, called
-        if content:
-            await resp.write(_event(shape.chunk(content, None, first)))
-            first = False
-        if calls:
-            await resp.write(_event(shape.chunk(None, None, first, calls)))
-            first, called = False, True
-
-    try:
-        async for piece in gen.pieces():
-            if client_gone(request):
-                raise ConnectionResetError("client went away")
-            if parser is None:
-                await resp.write(_event(shape.chunk(piece, None, first)))
-                first = False
-            else:
-                await send(*parser.feed(piece))
-        if parser is not None:
-            await send(*parser.flush())
-        o = gen.outcome
-        assert o is not None
-        await resp.write(_event(shape.chunk(None, _finish(o, called), first)))  # chat: delta {} (role if nothing came)
-        if include_usage:
-            await resp.write(_event(shape.usage_chunk(o)))
-        await resp.write(b"data: [DONE]\n\n")
-        gen.finish(request, entry)
-    except (ConnectionResetError, ConnectionError):
-        gen.disconnected(request, entry)
-        await gen.aclose()
-        return resp
-    except Exception as e:  # after the first byte: one error event, then close (no [DONE])
-        err = generation.failed_mid_stream(e)
-        await resp.write(_event({"error": {"message": err.message, "type": "api_error", "param": None,
-                                           "code": None}}))
-    await resp.write_eof()
-    return resp
+    def whole(self, content: str, tool_calls: list[dict[str, Any]], o: Outcome) -> web.Response:
+        if self.chat:
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if tool_calls:
+                message["tool_calls"] = _tool_calls(tool_calls)
+            choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": _finish(o, bool(tool_calls))}
+            out = self.envelope("chat.completion")
+        else:
+            choice = {"text": content, "index": 0, "logprobs": None, "finish_reason": _finish(o)}
+            out = self.envelope("text_completion")
+        return json_response({**out, "choices": [choice], "usage": _usage(o)})
 
 
 # -- routes ------------------------------------------------------------------------------------------
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_body(request)
     entry = _find(request, body)
-    messages = _messages(entry, body)
-    tools = _tools(entry, body)
-    fmt = _response_format(body)
-    opts = sampling(body, completion=False)
+    prompt = Prompt.of_chat(_messages(entry, body), _tools(body))
+    job = Job(prompt, sampling(body, completion=False), _response_format(body))
     stream, include_usage = _stream(body)
-    rt = runtime_of(request)
-    full = generation.chat_messages(entry, messages)
-
-    def render(lm: Loaded) -> tuple[str, list[int] | None]:
-        return rt.template(entry, lm, None).render(full, tools), None
-
-    parser = ToolCallParser(generation.template_source(entry), tools) if tools else None
-    return await _respond(request, rt, entry, render, opts, stream, include_usage, chat=True, fmt=fmt,
-                          parser=parser)
+    return await respond(request, entry, job, OpenAIFraming(entry, chat=True, include_usage=include_usage), stream)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -376,17 +301,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise ApiError(400, "prompt must be a string")
     if body.get("suffix"):
         raise ApiError(400, f'"{entry.name}" does not support insert')
-    fmt = _response_format(body)
-    opts = sampling(body, completion=True)
-    stream, include_usage = _stream(body)
-    rt = runtime_of(request)
     # Like Ollama, /v1/completions goes through the template (it is /api/generate without raw).
-    messages = generation.completion_messages(entry, prompt)
-
-    def render(lm: Loaded) -> tuple[str, list[int] | None]:
-        return rt.template(entry, lm, None).render(messages), None
-
-    return await _respond(request, rt, entry, render, opts, stream, include_usage, chat=False, fmt=fmt)
+    job = Job(Prompt.of_completion(prompt), sampling(body, completion=True), _response_format(body))
+    stream, include_usage = _stream(body)
+    return await respond(request, entry, job, OpenAIFraming(entry, chat=False, include_usage=include_usage), stream)
 
 
 def owned_by(name: str) -> str:
@@ -428,8 +346,8 @@ async def model(request: web.Request) -> web.StreamResponse:
 def setup(app: web.Application) -> None:
     """The /v1 routes: pairs here, other models forwarded (proxy.pair_or_forward)."""
     r = app.router
-    r.add_post("/v1/chat/completions", errors(proxy.pair_or_forward(chat_completions)))
-    r.add_post("/v1/completions", errors(proxy.pair_or_forward(completions)))
-    r.add_post("/v1/embeddings", errors(proxy.embeddings))
-    r.add_get("/v1/models", errors(models))
-    r.add_get("/v1/models/{model:.+}", errors(model))
+    r.add_post("/v1/chat/completions", proxy.pair_or_forward(chat_completions))
+    r.add_post("/v1/completions", proxy.pair_or_forward(completions))
+    r.add_post("/v1/embeddings", proxy.embeddings)
+    r.add_get("/v1/models", models)
+    r.add_get("/v1/models/{model:.+}", model)

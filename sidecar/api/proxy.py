@@ -20,21 +20,21 @@ import logging
 import os
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import aiohttp
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from yarl import URL
 
-from sidecar.api.wire import ApiError, dumps, error_response
+from sidecar.api.pairs import runtime_of
+from sidecar.api.wire import ApiError, client_gone, error_for
+from sidecar.config.schema import UpstreamKind
 from sidecar.observability import metrics
-from sidecar.runtime.manager import Runtime
 
 log = logging.getLogger("sidecar.api.proxy")
 
-Kind = Literal["auto", "ollama", "lmstudio"]
-KINDS: tuple[str, ...] = ("auto", "ollama", "lmstudio")
+KINDS: tuple[str, ...] = get_args(UpstreamKind)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 T = TypeVar("T")
 
@@ -70,7 +70,8 @@ def resolve_upstream(flag: str | None, env: dict[str, str] | os._Environ[str] | 
     return None
 
 
-def resolve_kind(flag: str | None, env: dict[str, str] | os._Environ[str] | None, config: str | None) -> Kind:
+def resolve_kind(flag: str | None, env: dict[str, str] | os._Environ[str] | None, config: str | None
+                 ) -> UpstreamKind:
     """`--upstream-kind`, else SIDECAR_UPSTREAM_KIND, else the config's `upstream_kind:`, else auto."""
     env = os.environ if env is None else env
     for value in (flag, env.get("SIDECAR_UPSTREAM_KIND"), config):
@@ -88,24 +89,6 @@ def forward_headers(headers: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
     named = {t.strip().lower() for k, v in pairs if k.lower() == "connection" for t in v.split(",")}
     return CIMultiDict((k, v) for k, v in pairs
                        if k.lower() not in HOP_BY_HOP and k.lower() not in named and k.lower() != "host")
-
-
-def openai_error(status: int, message: str) -> web.Response:
-    """OpenAI's error envelope, which /v1 clients parse (the openai SDK reads error.message)."""
-    kind = "invalid_request_error" if status == 400 else "not_found_error" if status == 404 else "api_error"
-    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
-    return web.Response(status=status, text=dumps(body), content_type="application/json")
-
-
-def error_for(request: web.Request, status: int, message: str) -> web.Response:
-    """An error in the shape the route's clients expect: OpenAI's under /v1, Ollama's elsewhere."""
-    if request.path.startswith("/v1/"):
-        return openai_error(status, message)
-    return error_response(status, message)
-
-
-def client_gone(request: web.Request) -> bool:
-    return request.transport is None or request.transport.is_closing()
 
 
 async def _while_connected(request: web.Request, aw: Awaitable[T]) -> T:
@@ -130,9 +113,9 @@ async def _while_connected(request: web.Request, aw: Awaitable[T]) -> T:
 class Upstream:
     """One upstream server, with the app's single ClientSession (created on first use)."""
 
-    def __init__(self, url: str, kind: Kind = "auto", *, connect_timeout: float = CONNECT_TIMEOUT) -> None:
+    def __init__(self, url: str, kind: UpstreamKind = "auto", *, connect_timeout: float = CONNECT_TIMEOUT) -> None:
         self.url = url.rstrip("/")
-        self.kind: Kind = kind
+        self.kind: UpstreamKind = kind
         self.connect_timeout = connect_timeout
         self.ident = uuid.uuid4().hex[:12]
         self._session: aiohttp.ClientSession | None = None
@@ -294,7 +277,7 @@ def _error_kind(e: BaseException) -> str:
 UPSTREAM = web.AppKey("sidecar_upstream", Upstream)
 
 
-def setup(app: web.Application, url: str | None, kind: Kind = "auto") -> None:
+def setup(app: web.Application, url: str | None, kind: UpstreamKind = "auto") -> None:
     if not url:
         return
     upstream = Upstream(url, kind)
@@ -309,10 +292,6 @@ def setup(app: web.Application, url: str | None, kind: Kind = "auto") -> None:
 
 def upstream_of(request: web.Request) -> Upstream | None:
     return request.app.get(UPSTREAM)
-
-
-def runtime_of(request: web.Request) -> Runtime:
-    return request.app["runtime"]
 
 
 async def peek(request: web.Request) -> tuple[bytes, dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Ollama's wire format: NDJSON framing, timestamps, durations, error bodies, request fields."""
+"""Ollama's wire format: NDJSON framing, timestamps, durations, error bodies (OpenAI's too), reading a body."""
 
 from __future__ import annotations
 
@@ -35,6 +35,20 @@ def error_response(status: int, message: str) -> web.Response:
     return web.Response(status=status, text=dumps({"error": message}), content_type="application/json")
 
 
+def openai_error(status: int, message: str) -> web.Response:
+    """OpenAI's error envelope, which /v1 clients parse (the openai SDK reads error.message)."""
+    kind = "invalid_request_error" if status == 400 else "not_found_error" if status == 404 else "api_error"
+    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return web.Response(status=status, text=dumps(body), content_type="application/json")
+
+
+def error_for(request: web.Request, status: int, message: str) -> web.Response:
+    """An error in the shape the route's clients expect: OpenAI's under /v1, Ollama's elsewhere."""
+    if request.path.startswith("/v1/"):
+        return openai_error(status, message)
+    return error_response(status, message)
+
+
 def json_response(obj: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, text=dumps(obj), content_type="application/json")
 
@@ -53,10 +67,8 @@ def ns(seconds: float) -> int:
     return max(0, int(seconds * 1e9))
 
 
-_GO_TYPES = {str: "string", bool: "bool", int: "int", float: "float64", list: "[]", dict: "map"}
-
-
-def _json_kind(v: Any) -> str:
+def json_kind(v: Any) -> str:
+    """The JSON type of a decoded value, as Go's decoder names it in errors."""
     if isinstance(v, bool):
         return "bool"
     if isinstance(v, int | float):
@@ -86,7 +98,7 @@ async def read_body(request: web.Request) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise ApiError(400, f"invalid JSON: {e.msg} at offset {e.pos}") from None
     if not isinstance(body, dict):
-        raise ApiError(400, f"json: cannot unmarshal {_json_kind(body)} into Go value of type api.Request")
+        raise ApiError(400, f"json: cannot unmarshal {json_kind(body)} into Go value of type api.Request")
     return body
 
 
@@ -94,19 +106,9 @@ def _no_constant(name: str) -> Any:
     raise json.JSONDecodeError(f"invalid character {name[0]!r} looking for beginning of value", name, 0)
 
 
-def get(body: dict[str, Any], key: str, kind: type | tuple[type, ...], struct: str, default: Any = None) -> Any:
-    """A typed field, or Go's decoder error for the wrong type."""
-    v = body.get(key)
-    if v is None:
-        return default
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    ok = any(isinstance(v, k) and not (k in (int, float) and isinstance(v, bool)) for k in kinds)
-    if ok and isinstance(v, float) and not math.isfinite(v):
-        ok = False
-    if not ok:
-        go = _GO_TYPES.get(kinds[0], kinds[0].__name__)
-        raise ApiError(400, f"json: cannot unmarshal {_json_kind(v)} into Go struct field {struct}.{key} of type {go}")
-    return v
+def client_gone(request: web.Request) -> bool:
+    """aiohttp does not cancel handlers when the client leaves; writers and waiters look for themselves."""
+    return request.transport is None or request.transport.is_closing()
 
 
 _DURATION = re.compile(r"([-+]?)((?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|ms|s|m|h))+$")

@@ -1,15 +1,23 @@
-"""Reading pairs.yaml with errors that point at file:line and the offending key."""
+"""Reading pairs.yaml with errors that point at file:line and the offending key.
+
+`parse` validates the text; `prepare` / `load_file` also resolve every pair's models (a
+`Prepared` config, not applied), which is what start-up, reloads and `sidecar check` share.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
+from sidecar.config.entries import PairEntry, build_entries
 from sidecar.config.schema import Config
+from sidecar.models.resolve import Stores
 
 BUNDLED = Path(__file__).resolve().parent.parent / "pairs.yaml"
 
@@ -86,3 +94,70 @@ def load(path: str | os.PathLike[str]) -> Config:
     except OSError as e:
         raise ConfigError(f"{p}: cannot read: {e.strerror or e}") from None
     return parse(text, str(p))
+
+
+@dataclass
+class Prepared:
+    """A config file read, validated and resolved, not yet applied."""
+
+    config: Config
+    hash: str
+    entries: dict[str, PairEntry] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # pair name -> why it could not be resolved
+
+
+def config_hash(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: the file is missing") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
+def _key_line(text: str, keys: tuple[str, ...]) -> int:
+    """The line a nested mapping key is written on (1 if it cannot be found)."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return 1
+    line = 1
+    for key in keys:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        match = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == key), None)
+        if match is None:
+            break
+        line, node = match[0].start_mark.line + 1, match[1]
+    return line
+
+
+def stores_of(config: Config, text: str, path: Path) -> Stores:
+    """The `models:` store locations, with schema-style errors (file:line: key: message)."""
+    try:
+        return Stores.from_config(config.models, base=path.parent)
+    except ValueError as e:
+        key = str(e).split(":", 1)[0]
+        raise ConfigError(f"{path}:{_key_line(text, tuple(key.split('.')))}: {e}") from None
+
+
+def prepare(data: bytes, path: Path) -> Prepared:
+    """Parse, validate and resolve a config's bytes; raises ConfigError when the file is unusable.
+
+    Blocking (file system, GGUF headers): run it in a thread when the event loop is serving."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    config = parse(text, str(path))
+    stores = stores_of(config, text, path)
+    entries, errors = build_entries(config, path.parent, stores)
+    return Prepared(config, config_hash(data), entries, errors)
+
+
+def load_file(path: Path) -> Prepared:
+    return prepare(read_bytes(path), path)

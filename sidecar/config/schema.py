@@ -21,7 +21,11 @@ from pydantic import (
     model_validator,
 )
 
+from sidecar.config.options import OptionError, Options
 from sidecar.engine.adaptive import NGRAM_N_MAX, SpeculativeConfig
+
+UpstreamKind = Literal["auto", "ollama", "lmstudio"]
+"""What the upstream is: `auto` asks it (Ollama answers /api/version), or either by name."""
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-/]*:[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
@@ -30,27 +34,27 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
-class Parameters(Strict):
-    """Ollama PARAMETER names and types (api/types.go Options); they become the pair's defaults."""
+class Parameters(Options):
+    """A pair's `parameters`: Ollama's options (PARAMETER lines), which become the pair's defaults.
 
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
-    num_predict: int | None = None
-    num_ctx: int | None = Field(None, ge=1)
-    stop: list[str] | None = None
+    Stricter than a request's options, because a typo in a file should never silently do
+    nothing: unknown keys are errors, and so is a value no generation could use."""
+
+    model_config = ConfigDict(extra="forbid")
 
     @field_validator("stop", mode="before")
     @classmethod
     def _one_stop(cls, v: Any) -> Any:
         # A Modelfile repeats `PARAMETER stop x`; in YAML a single string is the natural spelling.
         return [v] if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _usable(self) -> Parameters:
+        try:
+            self.check()
+        except OptionError as e:
+            raise ValueError(str(e)) from None
+        return self
 
 
 class Speculative(Strict):
@@ -143,6 +147,13 @@ class Pair(Strict):
     runtime: Runtime = Field(default_factory=Runtime)
     adapter: Any = None
 
+    @property
+    def draft_label(self) -> str | None:
+        """The draft as people name it: None, "ngram", or its model reference."""
+        if self.draft is None:
+            return None
+        return "ngram" if isinstance(self.draft, NgramDraft) else self.draft.from_
+
     @field_validator("draft", mode="before")
     @classmethod
     def _draft_shorthand(cls, v: Any) -> Any:
@@ -182,7 +193,7 @@ PairName = Annotated[str, AfterValidator(_pair_name)]
 class Config(Strict):
     pairs: dict[PairName, Pair] = Field(default_factory=dict)
     upstream: str | None = None
-    upstream_kind: Literal["auto", "ollama", "lmstudio"] | None = None
+    upstream_kind: UpstreamKind | None = None
     listen: str | None = None
     drain_timeout: float | None = Field(None, ge=0)  # seconds streams may finish on SIGTERM (read at start)
     models: dict[str, str] = Field(default_factory=dict)  # store locations: ollama, lmstudio

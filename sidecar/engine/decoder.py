@@ -30,13 +30,14 @@ from sidecar.engine.llama import Context, ContextFull, EngineError
 from sidecar.engine.sampling import Sampler, SamplingParams
 from sidecar.engine.text import TextStream
 from sidecar.engine.verify import verify_greedy, verify_rejection, verify_sample_and_match
+from sidecar.errors import ClientError
 
 
-class PromptTooLong(EngineError):
+class PromptTooLong(EngineError, ClientError):
     """The prompt does not fit in the context window."""
 
 
-class InvalidToken(EngineError):
+class InvalidToken(EngineError, ClientError):
     """The prompt holds a token id outside the vocabulary (a client's `context` can)."""
 
 

@@ -23,12 +23,13 @@ import numpy as np
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from sidecar.engine.llama import EngineError, Weights
+from sidecar.errors import ClientError
 
 _LOOSE_CHAR = r'char ::= [^"\\] |'
 _JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
 
 
-class GrammarError(EngineError):
+class GrammarError(EngineError, ClientError):
     """A format or grammar that cannot constrain decoding; the client's mistake."""
 
 

@@ -179,6 +179,13 @@ class Sampler:
         """One token from a probability vector (argmax when it is one-hot)."""
         if self.params.greedy:
             return int(np.argmax(probs))
-        # Inverse-CDF draw: one uniform per token, the same number as plain decoding uses.
-        c = np.cumsum(probs)
-        return int(min(np.searchsorted(c, self.rng.random() * c[-1], side="right"), len(c) - 1))
+        return draw(probs, self.rng)
+
+
+def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One token from a (possibly unnormalised) probability vector.
+
+    Inverse-CDF with one uniform per token: plain decoding, a model draft and the verifiers all
+    draw this way, so a seeded run consumes the generator identically on every path."""
+    c = np.cumsum(probs)
+    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(c) - 1))

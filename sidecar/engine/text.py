@@ -8,6 +8,7 @@ completes the stop (generation ends, the stop is not emitted) or stops matching 
 from __future__ import annotations
 
 import codecs
+from collections.abc import Iterable
 
 
 class TextStream:
@@ -28,7 +29,7 @@ class TextStream:
             self._held = ""
             self._stopped = True
             return text[:cut], True
-        hold = self._partial_stop_len(text)
+        hold = partial_suffix(text, self.stops)
         self._held = text[len(text) - hold :] if hold else ""
         return text[: len(text) - hold], False
 
@@ -40,12 +41,16 @@ class TextStream:
         self._held = ""
         return rest
 
-    def _partial_stop_len(self, text: str) -> int:
-        """Length of the longest suffix of text that is a proper prefix of some stop string."""
-        best = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(text)), best, -1):
-                if text.endswith(s[:n]):
-                    best = n
-                    break
-        return best
+
+def partial_suffix(text: str, needles: Iterable[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of one of `needles`.
+
+    That much of a stream must be held back: the next piece may complete a stop string (or a
+    tag), and then it must not have been shown."""
+    best = 0
+    for s in needles:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from sidecar.engine.sampling import draw
+
 DistFn = Callable[[int], np.ndarray]
 
 
@@ -30,19 +32,14 @@ def verify_greedy(draft: Sequence[int], p_at: DistFn) -> tuple[int, int]:
     return len(draft), int(np.argmax(p_at(len(draft))))
 
 
-def _draw(p: np.ndarray, rng: np.random.Generator) -> int:
-    c = np.cumsum(p)
-    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(c) - 1))
-
-
 def verify_sample_and_match(
     draft: Sequence[int], p_at: DistFn, rng: np.random.Generator
 ) -> tuple[int, int]:
     for i, tok in enumerate(draft):
-        t = _draw(p_at(i), rng)
+        t = draw(p_at(i), rng)
         if t != tok:
             return i, t
-    return len(draft), _draw(p_at(len(draft)), rng)
+    return len(draft), draw(p_at(len(draft)), rng)
 
 
 def verify_rejection(
@@ -60,5 +57,5 @@ def verify_rejection(
         residual = np.maximum(p - qi, 0.0)
         total = residual.sum()
         # total == 0 only when p == q exactly, where rejection has probability 0; be safe anyway.
-        return i, _draw(residual if total > 0.0 else p, rng)
-    return len(draft), _draw(p_at(len(draft)), rng)
+        return i, draw(residual if total > 0.0 else p, rng)
+    return len(draft), draw(p_at(len(draft)), rng)

@@ -93,17 +93,30 @@ def fallback_kind(reason: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", head).strip("_") or "unknown"
 
 
+class RuntimeView(Protocol):
+    """What the scrape-time gauges and the load timer read from sidecar.runtime.manager.Runtime."""
+
+    @property
+    def pending(self) -> int: ...
+
+    def loaded_entries(self) -> Sequence[tuple[Any, Any]]:
+        """(pair entry with a `name`, its loaded target) for every loaded pair."""
+        ...
+
+    on_load: list[Callable[[str, float, bool], None]]
+
+
 class _RuntimeCollector:
     """Gauges read from the runtime at scrape time, so nothing has to keep them in step."""
 
-    def __init__(self, runtime: Callable[[], Any]) -> None:
+    def __init__(self, runtime: RuntimeView | None) -> None:
         self.runtime = runtime
 
     def describe(self) -> Iterable[Metric]:
-        return []  # no describe-time collection: the runtime may not exist yet
+        return []  # no describe-time collection
 
     def collect(self) -> Iterator[Metric]:
-        rt = self.runtime()
+        rt = self.runtime
         queue = GaugeMetricFamily(
             f"{PREFIX}_queue_depth",
             "Generation requests admitted and not finished (waiting or running); OLLAMA_MAX_QUEUE caps it.",
@@ -112,8 +125,8 @@ class _RuntimeCollector:
                                    labels=["model"])
         targets = GaugeMetricFamily(f"{PREFIX}_models_loaded", "Target models (weights + context) in memory.")
         if rt is not None:
-            queue.add_metric([], float(getattr(rt, "_pending", 0)))
-            pairs = rt.loaded_entries() if hasattr(rt, "loaded_entries") else []
+            queue.add_metric([], float(rt.pending))
+            pairs = rt.loaded_entries()
             for entry, _ in pairs:
                 loaded.add_metric([entry.name], 1.0)
             targets.add_metric([], float(len({id(lm) for _, lm in pairs})))
@@ -129,7 +142,7 @@ class Metrics:
     """Every metric of one daemon, in its own registry."""
 
     def __init__(self, registry: CollectorRegistry | None = None,
-                 runtime: Callable[[], Any] | None = None) -> None:
+                 runtime: RuntimeView | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         ProcessCollector(registry=r)
@@ -294,16 +307,15 @@ async def middleware(request: web.Request, handler: Callable[[web.Request], Awai
         observe_request(request, _endpoint(request), request.get(MODEL), status)  # type: ignore[call-overload]
 
 
-def setup(app: web.Application) -> Metrics:
+def setup(app: web.Application, runtime: RuntimeView | None = None) -> Metrics:
     """Give the app its own registry and GET /metrics (Ollama has no such route, so it is free).
 
-    Queue depth and loaded models are read from `app["runtime"]` when Prometheus scrapes. If the
-    runtime has an `on_load` list of `(pair, seconds, ok)` callbacks, model loads are timed too."""
-    m = Metrics(runtime=lambda: app.get("runtime"))
+    Queue depth and loaded models are read from the runtime when Prometheus scrapes, and model
+    loads are timed through its `on_load` callbacks `(pair, seconds, ok)`."""
+    m = Metrics(runtime=runtime)
     app[METRICS] = m
-    hooks = getattr(app.get("runtime"), "on_load", None)
-    if isinstance(hooks, list):
-        hooks.append(m.model_loaded)
+    if runtime is not None:
+        runtime.on_load.append(m.model_loaded)
     app.router.add_get("/metrics", handle_metrics)
     return m
 

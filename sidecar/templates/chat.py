@@ -1,9 +1,8 @@
 """Turning messages into the prompt text a model expects.
 
-Precedence, as in Ollama: a request's `template` > the pair's `template` > the Ollama TEMPLATE
-layer > the GGUF's own `tokenizer.chat_template` (jinja). Go templates render exactly as Ollama
-renders them (templates.gotemplate); jinja templates render the way llama.cpp's server and
-transformers do.
+Go templates (Ollama's TEMPLATE) render exactly as Ollama renders them (templates.gotemplate);
+jinja templates (a GGUF's `tokenizer.chat_template`) render the way llama.cpp's server and
+transformers do. Which one a pair uses is decided in runtime.render.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from sidecar.templates.gotemplate import GoTemplate, TemplateError
 from sidecar.templates.ollama import render_ollama
 
-__all__ = ["ChatTemplate", "GoChatTemplate", "JinjaChatTemplate", "TemplateError", "choose"]
+__all__ = ["FALLBACK_TEMPLATE", "ChatTemplate", "GoChatTemplate", "JinjaChatTemplate", "TemplateError"]
 
 # Used when a model ships no template at all (what Ollama's `{{ .Prompt }}` default amounts to).
 FALLBACK_TEMPLATE = "{{- if .System }}{{ .System }}\n\n{{ end }}{{ .Prompt }}"
@@ -29,11 +28,6 @@ class ChatTemplate(Protocol):
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str: ...
 
-    @property
-    def adds_bos(self) -> bool:
-        """Whether the rendered text already starts with the BOS token's text."""
-        ...
-
 
 class GoChatTemplate:
     def __init__(self, source: str) -> None:
@@ -42,10 +36,6 @@ class GoChatTemplate:
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         return render_ollama(self._tmpl, messages, tools=tools or None)
-
-    @property
-    def adds_bos(self) -> bool:
-        return False
 
 
 def _raise(message: str) -> None:
@@ -84,24 +74,3 @@ class JinjaChatTemplate:
             )
         except jinja2.exceptions.TemplateError as e:
             raise TemplateError(f"chat template: {e}") from None
-
-    @property
-    def adds_bos(self) -> bool:
-        return bool(self.bos_token) and "bos_token" in self.source
-
-
-def choose(
-    request_template: str | None,
-    pair_template: str | None,
-    layer_template: str | None,
-    gguf_template: str | None,
-    bos_token: str = "",
-    eos_token: str = "",
-) -> ChatTemplate:
-    """The template that wins by Ollama's precedence."""
-    for go in (request_template, pair_template, layer_template):
-        if go:
-            return GoChatTemplate(go)
-    if gguf_template:
-        return JinjaChatTemplate(gguf_template, bos_token, eos_token)
-    return GoChatTemplate(FALLBACK_TEMPLATE)

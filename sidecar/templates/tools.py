@@ -21,6 +21,7 @@ import re
 import string
 from typing import Any
 
+from sidecar.engine.text import partial_suffix
 from sidecar.templates.gotemplate import GoTemplate, TemplateError
 from sidecar.templates.tags import find_tool_call_node, tool_call_tag
 
@@ -68,14 +69,6 @@ def _closing(tag: str) -> str | None:
     """`<tool_call>` is closed by `</tool_call>`; bracket tags have no closing tag."""
     m = re.fullmatch(r"<(\w+)>", tag)
     return f"</{m.group(1)}>" if m else None
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest suffix of text that is a proper prefix of tag (could still become it)."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
 
 
 class _Incomplete(Exception):
@@ -172,7 +165,7 @@ class ToolCallParser:
                 self._buf = rest
         i = self._buf.find(self.tag)
         if i < 0:
-            keep = _partial_suffix(self._buf, self.tag)
+            keep = partial_suffix(self._buf, (self.tag,))
             cut = len(self._buf) - keep
             content.append(self._buf[:cut])
             self._buf = self._buf[cut:]

@@ -1,4 +1,4 @@
-"""Loading pairs.yaml into the runtime, and reloading it while the daemon serves.
+"""Applying pairs.yaml to the runtime, and reloading it while the daemon serves.
 
 One path for every way a config arrives: at start-up, on a file change, on SIGHUP. Each read
 parses and validates the whole file, resolves every model (Ollama store, LM Studio, paths), then
@@ -23,107 +23,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from sidecar.config.loader import ConfigError, parse
+from sidecar.config.entries import Changes, PairEntry
+from sidecar.config.loader import ConfigError, Prepared, config_hash, load_file, prepare, read_bytes
 from sidecar.config.schema import Config
-from sidecar.models.resolve import Stores
-from sidecar.runtime.manager import Changes, PairEntry, Runtime, build_entry
+from sidecar.runtime.manager import Runtime
 
 log = logging.getLogger("sidecar.config")
 
 DEBOUNCE_S = 0.3  # quiet time after the last trigger before a reload starts
 MAX_DELAY_S = 2.0  # ...but a stream of events never postpones it longer than this
 WATCH_RETRY_S = 2.0  # when the watched directory is missing
-
-
-@dataclass
-class Prepared:
-    """A config file read, validated and resolved, not yet applied."""
-
-    config: Config
-    hash: str
-    entries: dict[str, PairEntry] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)  # pair name -> why it could not be resolved
-
-
-def config_hash(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def read_bytes(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: the file is missing") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
-
-
-def _key_line(text: str, keys: tuple[str, ...]) -> int:
-    """The line a nested mapping key is written on (1 if it cannot be found)."""
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return 1
-    line = 1
-    for key in keys:
-        if not isinstance(node, yaml.MappingNode):
-            break
-        match = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == key), None)
-        if match is None:
-            break
-        line, node = match[0].start_mark.line + 1, match[1]
-    return line
-
-
-def stores_of(config: Config, text: str, path: Path) -> Stores:
-    """The `models:` store locations, with schema-style errors (file:line: key: message)."""
-    try:
-        return Stores.from_config(config.models, base=path.parent)
-    except ValueError as e:
-        key = str(e).split(":", 1)[0]
-        raise ConfigError(f"{path}:{_key_line(text, tuple(key.split('.')))}: {e}") from None
-
-
-def build_entries(config: Config, base: Path, stores: Stores | None = None
-                  ) -> tuple[dict[str, PairEntry], dict[str, str]]:
-    """Resolve every pair's models; a pair that fails is reported, the others still build."""
-    entries: dict[str, PairEntry] = {}
-    errors: dict[str, str] = {}
-    for name, pair in config.pairs.items():
-        try:
-            entries[name] = build_entry(name, pair, base, stores)
-        except Exception as e:  # ModelNotFound, GGUFError, OSError: each names its file
-            errors[name] = str(e)
-    return entries, errors
-
-
-def prepare(data: bytes, path: Path) -> Prepared:
-    """Parse, validate and resolve a config's bytes; raises ConfigError when the file is unusable.
-
-    Blocking (file system, GGUF headers): run it in a thread when the event loop is serving."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    config = parse(text, str(path))
-    stores = stores_of(config, text, path)
-    entries, errors = build_entries(config, path.parent, stores)
-    return Prepared(config, config_hash(data), entries, errors)
-
-
-def load_file(path: Path) -> Prepared:
-    return prepare(read_bytes(path), path)
 
 
 def _iso(ts: float | None) -> str | None:

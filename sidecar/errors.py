@@ -1,0 +1,17 @@
+"""Failures every layer can raise without knowing about HTTP.
+
+The API maps them to status codes: a `ClientError` is the client's mistake (400), `Unavailable`
+is the daemon refusing work for now (503). The engine, runtime and config raise their own
+subclasses, so nothing below the API knows what a status code is, and the API needs no import
+from the layers that raise them.
+"""
+
+from __future__ import annotations
+
+
+class ClientError(ValueError):
+    """The request cannot be served as asked; str() is what the client sees."""
+
+
+class Unavailable(RuntimeError):
+    """The daemon cannot take this work now (queue full, shutting down); str() is the message."""

@@ -1,0 +1,201 @@
+"""Putting a target and its pairs' drafters into memory, and taking them out again.
+
+A loaded target (`Loaded`) is one GGUF with N slots: each slot is a llama.cpp context with its
+own KV cache and its own worker thread (runtime.worker.Pool). Every pair riding on the target
+adds a `PairEngine`: a decoder per slot, with its drafter (for a model draft, a draft context per
+slot) and one cost model the slots share. Freeing always goes through the slots' own threads,
+behind the jobs already queued there, so a running stream never loses its context under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sidecar.config.entries import PairEntry
+from sidecar.config.schema import ModelDraft, NgramDraft
+from sidecar.engine.adaptive import CostModel, SpeculativeConfig
+from sidecar.engine.decoder import Decoder
+from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
+from sidecar.engine.llama import Context, ContextParams, Weights, system_info
+from sidecar.engine.pairing import check_pair
+from sidecar.runtime.registry import WeightsRegistry
+from sidecar.runtime.worker import Pool
+
+log = logging.getLogger("sidecar.runtime")
+
+KV_TYPES = {"f16": None, "q8_0": 8, "q4_0": 2}
+
+
+@dataclass
+class PairEngine:
+    """What one pair adds on top of its target: per slot a decoder (with its drafter), one cost model."""
+
+    decoders: list[Decoder]  # decoders[i] runs on slot i's context, on slot i's thread
+    draft_ctxs: list[Context]  # model drafts: draft_ctxs[i] belongs to slot i; empty otherwise
+    draft_weights: Weights | None
+    entry: PairEntry | None = None  # the declaration it was built from; a reload compares against it
+
+
+@dataclass(eq=False)
+class Slot:
+    """One sequence a target can run: a context (KV cache) over the shared weights, owned by one thread."""
+
+    index: int
+    ctx: Context
+
+
+@dataclass
+class Loaded:
+    """A loaded target model: weights, its slots and their threads, and the pairs riding on it."""
+
+    key: str
+    weights: Weights
+    slots: list[Slot]
+    pool: Pool[Slot]
+    pairs: dict[str, PairEngine] = field(default_factory=dict)
+    expires_at: float | None = None  # time.time() deadline; None = never
+    in_flight: int = 0
+    timer: asyncio.TimerHandle | None = None
+    calibrated: CostModel | None = None
+
+    @property
+    def n_ctx(self) -> int:
+        """The context length of each slot (every slot has the same)."""
+        return self.slots[0].ctx.n_ctx
+
+
+@functools.cache
+def _log_backend() -> None:
+    log.info("llama.cpp backend: %s", system_info())
+
+
+def load_target(registry: WeightsRegistry, entry: PairEntry, key: str, n_ctx: int, n_slots: int) -> Loaded:
+    """Map the target's weights and make its slots (blocking: run it off the event loop)."""
+    _log_backend()
+    rt = entry.config.runtime
+    log.info("loading %s for %s (num_ctx %d, %d slot%s)", entry.target.path.name, entry.name, n_ctx, n_slots,
+             "" if n_slots == 1 else "s")
+    weights = registry.acquire(entry.target.path, rt.num_gpu, role="target")
+    slots: list[Slot] = []
+    try:
+        for i in range(n_slots):
+            slots.append(Slot(i, Context(weights, ContextParams(
+                n_ctx=n_ctx, n_batch=min(rt.num_batch, n_ctx), n_threads=rt.num_thread, flash_attn=rt.flash_attn,
+                type_k=KV_TYPES[rt.kv_cache_type], type_v=KV_TYPES[rt.kv_cache_type],
+            ))))
+    except Exception:
+        for slot in slots:
+            slot.ctx.close()
+        registry.release(weights)
+        raise
+    return Loaded(key, weights, slots, Pool(entry.name, slots))
+
+
+async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded) -> PairEngine:
+    """Build the pair's drafter in every slot (each on its slot's thread) and measure the cost curve."""
+    d = entry.config.draft
+    spec = entry.config.speculative.engine(ngram=isinstance(d, NgramDraft))
+    draft_w: Weights | None = None
+    if isinstance(d, ModelDraft) and entry.draft is not None:
+        draft_w = await asyncio.to_thread(_acquire_draft, registry, entry.draft.path, d, lm)
+    made: list[Context] = []  # draft contexts created so far, to free if another slot fails
+
+    def build(slot: Slot) -> tuple[Drafter | None, CostModel | None]:
+        drafter: Drafter | None = None
+        draft_ctx = None
+        if isinstance(d, NgramDraft):
+            drafter = NgramDrafter(d.min_n, d.max_n)
+        elif draft_w is not None and isinstance(d, ModelDraft):
+            draft_ctx = Context(draft_w, ContextParams(
+                n_ctx=slot.ctx.n_ctx, n_batch=min(d.num_batch, slot.ctx.n_ctx), n_threads=d.num_thread,
+                flash_attn=d.flash_attn, type_k=KV_TYPES[d.kv_cache_type], type_v=KV_TYPES[d.kv_cache_type],
+            ))
+            made.append(draft_ctx)
+            drafter = ModelDrafter(draft_ctx, spec.p_min)
+        # One slot measures for all: the slots run the same model on the same hardware.
+        cost = _cost_model(lm, slot.ctx, spec, draft_ctx) if drafter and slot.index == 0 else None
+        return drafter, cost
+
+    try:
+        parts = await asyncio.wrap_future(lm.pool.broadcast(build))
+    except Exception:
+        for c in made:  # every slot is past the broadcast: nothing uses them
+            c.close()
+        if draft_w is not None:
+            registry.release(draft_w)
+        raise
+    cost = parts[0][1]  # shared: acceptance learnt on one slot steers the others too
+    decoders = [Decoder(slot.ctx, drafter, spec, cost) for slot, (drafter, _) in zip(lm.slots, parts, strict=True)]
+    draft_ctxs = [drafter.ctx for drafter, _ in parts if isinstance(drafter, ModelDrafter)]
+    return PairEngine(decoders, draft_ctxs, draft_w, entry)
+
+
+def _acquire_draft(registry: WeightsRegistry, path: Path, d: ModelDraft, lm: Loaded) -> Weights:
+    draft_w = registry.acquire(path, d.num_gpu, role="draft")
+    try:
+        check_pair(lm.weights, draft_w)
+    except Exception:
+        registry.release(draft_w)
+        raise
+    return draft_w
+
+
+def _cost_model(lm: Loaded, ctx: Context, spec: SpeculativeConfig, draft_ctx: Context | None) -> CostModel:
+    """The pair's cost model: the target's verify curve (measured once per loaded target), plus
+    the draft's step and catch-up times for a model draft."""
+    rows = spec.n_max + 1
+    if lm.calibrated is None or len(lm.calibrated.t_step) <= rows:
+        t0 = time.perf_counter()
+        cal = CostModel(rows)
+        cal.calibrate(ctx)
+        lm.calibrated = cal
+        curve = ", ".join(f"{v:.2f}" for v in cal.verify_curve())
+        log.info("verify cost curve of %s (x one-token step, n = 1..%d): %s; plain steps after a batch "
+                 "cost %.2f steps more [%.2fs]", lm.weights.path.name, rows, curve,
+                 cal.t_switch / cal.t_step[1], time.perf_counter() - t0)
+    cost = CostModel(rows)
+    cost.t_step = lm.calibrated.t_step[: rows + 1]
+    cost.t_switch = lm.calibrated.t_switch
+    if draft_ctx is not None:
+        cost.calibrate_draft(draft_ctx)
+    return cost
+
+
+def unload(registry: WeightsRegistry, lm: Loaded) -> None:
+    """Free the target and every pair on it, behind the requests already queued on its slots."""
+
+    def free_slot(slot: Slot) -> None:
+        for pe in list(lm.pairs.values()):
+            if slot.index < len(pe.draft_ctxs):
+                pe.draft_ctxs[slot.index].close()
+        slot.ctx.close()
+
+    def release() -> None:
+        for pe in list(lm.pairs.values()):
+            if pe.draft_weights is not None:
+                registry.release(pe.draft_weights)
+        registry.release(lm.weights)
+        log.info("unloaded %s", lm.weights.path.name)
+
+    lm.pool.broadcast(free_slot, release)
+    lm.pool.stop()
+
+
+def free_engine(registry: WeightsRegistry, lm: Loaded, pe: PairEngine) -> None:
+    """Free a pair's drafters behind every job queued before this (so after its streams)."""
+
+    def free_slot(slot: Slot) -> None:
+        if slot.index < len(pe.draft_ctxs):
+            pe.draft_ctxs[slot.index].close()
+
+    def release() -> None:
+        if pe.draft_weights is not None:
+            registry.release(pe.draft_weights)
+            log.info("freed draft %s of %s", pe.draft_weights.path.name, pe.entry.name if pe.entry else "?")
+
+    lm.pool.broadcast(free_slot, release)
