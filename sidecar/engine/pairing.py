@@ -1,15 +1,23 @@
-"""Can this draft model speculate for this target? llama.cpp's rules, checked at load.
+"""Can this draft model speculate for this target? llama.cpp's rules, in one place.
 
 Verification compares token ids, so the two vocabularies must mean the same thing by every id the
 draft can propose. Same rules as llama.cpp's common_speculative_are_compatible (with its 2024-25
 bool-typed vocabulary-type bug fixed): same vocabulary type, same BOS/EOS handling, sizes within
 128 of each other, and identical token texts from id 5 up (ids 0-4 are control tokens that models
 legitimately differ on).
+
+The rules run on two kinds of vocabulary: one that can name every token's text (a loaded
+`engine.llama.Weights`, or a vocabulary read from the GGUF header by `models.vocab`), which is what
+a pair is checked with before it loads, and one that only keeps digests of its token texts (a
+cached `models.vocab.Fingerprint`), which is how a whole model store is matched up without holding
+150k strings per model. Both are protocols here so this module depends on nothing: `models/` may
+import it, `engine/` never imports `models/`.
 """
 
 from __future__ import annotations
 
-from sidecar.engine.llama import Weights
+from pathlib import Path
+from typing import Protocol
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128
 VOCAB_CHECK_START_TOKEN_ID = 5
@@ -19,21 +27,86 @@ class IncompatibleDraft(ValueError):
     pass
 
 
-def check_pair(target: Weights, draft: Weights) -> None:
+class VocabFacts(Protocol):
+    """What the header rules compare (engine.llama.VocabInfo, models.vocab.TokenizerInfo)."""
+
+    @property
+    def type(self) -> int: ...
+    @property
+    def n_tokens(self) -> int: ...
+    @property
+    def bos(self) -> int: ...
+    @property
+    def eos(self) -> int: ...
+    @property
+    def add_bos(self) -> bool: ...
+    @property
+    def add_eos(self) -> bool: ...
+
+
+class Vocabulary(Protocol):
+    """A vocabulary that can say each token's text, as llama.cpp stores it (llama_vocab_get_text)."""
+
+    @property
+    def path(self) -> Path: ...
+    def vocab_info(self) -> VocabFacts: ...
+    def token_text(self, token: int) -> bytes: ...
+
+
+class DigestedVocabulary(Protocol):
+    """A vocabulary that keeps, for each `end` near its size, a digest of its texts over compared_ids(..., end).
+
+    Digests of two vocabularies are equal exactly when their texts over that range are (up to hash
+    collisions); `None` means no digest is kept for that end."""
+
+    def vocab_info(self) -> VocabFacts: ...
+    def texts_digest(self, end: int) -> str | None: ...
+
+
+def header_mismatch(t: VocabFacts, d: VocabFacts) -> str | None:
+    """Why two vocabularies cannot pair by their type, BOS/EOS handling and size; None if they can."""
+    if t.type != d.type:
+        return f"vocabulary types differ ({t.type} vs {d.type})"
+    if t.add_bos != d.add_bos or (t.add_bos and t.bos != d.bos):
+        return f"BOS handling differs (add_bos {t.add_bos}/{d.add_bos}, id {t.bos}/{d.bos})"
+    if t.add_eos != d.add_eos or (t.add_eos and t.eos != d.eos):
+        return f"EOS handling differs (add_eos {t.add_eos}/{d.add_eos}, id {t.eos}/{d.eos})"
+    if abs(t.n_tokens - d.n_tokens) > VOCAB_MAX_SIZE_DIFFERENCE:
+        return f"vocabulary sizes differ by more than {VOCAB_MAX_SIZE_DIFFERENCE} ({t.n_tokens} vs {d.n_tokens})"
+    return None
+
+
+def compared_ids(end: int) -> range:
+    """The ids whose texts must match when the smaller vocabulary has `end` tokens."""
+    return range(VOCAB_CHECK_START_TOKEN_ID, end)
+
+
+def check_pair(target: Vocabulary, draft: Vocabulary) -> None:
     """Raise IncompatibleDraft naming both models and the first difference."""
     t, d = target.vocab_info(), draft.vocab_info()
     who = f"draft {draft.path.name} cannot speculate for target {target.path.name}"
-    if t.type != d.type:
-        raise IncompatibleDraft(f"{who}: vocabulary types differ ({t.type} vs {d.type})")
-    if t.add_bos != d.add_bos or (t.add_bos and t.bos != d.bos):
-        raise IncompatibleDraft(f"{who}: BOS handling differs (add_bos {t.add_bos}/{d.add_bos}, id {t.bos}/{d.bos})")
-    if t.add_eos != d.add_eos or (t.add_eos and t.eos != d.eos):
-        raise IncompatibleDraft(f"{who}: EOS handling differs (add_eos {t.add_eos}/{d.add_eos}, id {t.eos}/{d.eos})")
-    if abs(t.n_tokens - d.n_tokens) > VOCAB_MAX_SIZE_DIFFERENCE:
-        raise IncompatibleDraft(
-            f"{who}: vocabulary sizes differ by more than {VOCAB_MAX_SIZE_DIFFERENCE} ({t.n_tokens} vs {d.n_tokens})"
-        )
-    for tok in range(VOCAB_CHECK_START_TOKEN_ID, min(t.n_tokens, d.n_tokens)):
+    reason = header_mismatch(t, d)
+    if reason:
+        raise IncompatibleDraft(f"{who}: {reason}")
+    for tok in compared_ids(min(t.n_tokens, d.n_tokens)):
         a, b = target.token_text(tok), draft.token_text(tok)
         if a != b:
             raise IncompatibleDraft(f"{who}: token {tok} differs ({a!r} vs {b!r})")
+
+
+def digest_mismatch(target: DigestedVocabulary, draft: DigestedVocabulary) -> str | None:
+    """check_pair's verdict from digests: why the draft cannot pair, or None if it can.
+
+    A digest says whether the texts differ, not where, so the reason names the whole range."""
+    t, d = target.vocab_info(), draft.vocab_info()
+    reason = header_mismatch(t, d)
+    if reason:
+        return reason
+    end = min(t.n_tokens, d.n_tokens)
+    a, b = target.texts_digest(end), draft.texts_digest(end)
+    if a is None or b is None:
+        raise ValueError(f"no digest of the token texts below {end} (sizes {t.n_tokens}, {d.n_tokens})")
+    if a != b:
+        ids = compared_ids(end)
+        return f"token texts differ (ids {ids.start}-{ids.stop - 1})"
+    return None

@@ -53,6 +53,9 @@ class ResolvedModel:
     params: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, Any]] = field(default_factory=list)
     digest: str | None = None  # sha256 of the Ollama manifest, where there is one
+    # The manifest's config blob (model_family, capabilities, renderer, parser, file_type, ...): how
+    # Ollama itself describes the model. Empty outside Ollama's store.
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,19 @@ def _read_json(path: Path, ref: str, what: str) -> Any:
         raise ModelNotFound(f"{ref}: cannot read the {what} {path}: {e}") from None
 
 
+def _config(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The config blob as a dict; missing or unreadable it is {}, as it only describes the model."""
+    layer = manifest.get("config")
+    digest = layer.get("digest") if isinstance(layer, dict) else None
+    if not isinstance(digest, str) or not _DIGEST_RE.match(digest):
+        return {}
+    try:
+        config = json.loads((root / "blobs" / digest.replace(":", "-")).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def _ollama(ref: str, root: Path) -> ResolvedModel:
     node = _manifest_path(ref, root)
     raw = node.read_bytes()
@@ -249,7 +265,7 @@ def _ollama(ref: str, root: Path) -> ResolvedModel:
         raise ModelNotFound(f"{ref}: manifest {node} has no layers")
 
     path: Path | None = None
-    out: dict[str, Any] = {"params": {}, "messages": []}
+    out: dict[str, Any] = {"params": {}, "messages": [], "config": _config(root, manifest)}
     # Later layers of a kind win, as in Ollama's GetModel.
     for layer in layers:
         kind = str(layer.get("mediaType", "")).removeprefix(OLLAMA_MEDIA)
