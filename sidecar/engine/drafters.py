@@ -9,6 +9,9 @@ Under a grammar (`format`) `propose` also gets the committed grammar state: a mo
 from the same masked distribution the target uses (walking a clone of the state along its own
 guesses), so it never proposes a token the target must reject for grammar reasons. The n-gram
 drafter ignores it; the verifier's masked p rejects whatever the grammar forbids.
+
+Within a request the context only grows, except at a context shift (engine.window): then `shift`
+tells the drafter which stretch the committed context is about to lose, before it loses it.
 """
 
 from __future__ import annotations
@@ -63,7 +66,10 @@ class Drafter(Protocol):
     def support(self, context: Sequence[int]) -> Support:
         """The evidence class of the draft `propose(context, ...)` would make (cheap; no drafting).
 
-        Like `propose`, it assumes the context only grows between `begin()` calls."""
+        Like `propose`, it assumes the context only grows between `begin()` calls and shifts."""
+
+    def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
+        """`context` (the committed tokens) is about to lose positions [keep, keep + discard)."""
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -153,6 +159,11 @@ class NgramDrafter:
     def lag(self, context: Sequence[int]) -> int:
         return 0  # indexing new tokens is a dictionary insert each
 
+    def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
+        # Every n-gram's position after the cut moves and those across it vanish: index the shifted
+        # context afresh at the next lookup (a few dictionary inserts per token, once per shift).
+        self.begin(None)
+
 
 class ModelDrafter:
     """A small model on the target's vocabulary, with its own KV cache kept in step.
@@ -221,6 +232,20 @@ class ModelDrafter:
 
     def support(self, context: Sequence[int]) -> Support:
         return Support()  # one class: how well a model drafts shows in its acceptance alone
+
+    def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
+        """Shift the draft's cache as the target's, when it holds the whole stretch that moves.
+
+        Otherwise (it lags behind, or its memory cannot move positions) it keeps the head, and the
+        next `propose` prefills the rest. A shifted cache is not what a prefill would compute, but a
+        draft only needs to guess well: the target's verification keeps the output exact."""
+        ctx = self.ctx
+        held = common_prefix(ctx.tokens, context)
+        ctx.truncate(held)  # whatever it drafted past the committed tokens
+        if held >= keep + discard and ctx.can_shift:
+            ctx.shift(keep, discard)
+        else:
+            ctx.truncate(keep)
 
     def _reusable(self, context: Sequence[int]) -> int:
         """Cached positions that match `context`; the last token is always decoded afresh."""

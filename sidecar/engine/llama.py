@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,6 +107,7 @@ class Weights:
             self.gpu_layers = 0
         self.size = int(C.llama_model_size(model))
         self._pieces: dict[int, bytes] = {}
+        self._special_pieces: dict[int, bytes] = {}
         self._closed = False
 
     # -- vocabulary -------------------------------------------------------------------------
@@ -146,23 +147,40 @@ class Weights:
             raise EngineError("tokenization failed")
         return list(buf[:n])
 
+    def special_ids(self, texts: Iterable[str]) -> list[int]:
+        """The ids of the tokens spelled by `texts` (`<|channel|>`); texts that are not one token are
+        skipped, as llama-server does with a request's preserved_tokens."""
+        ids = [self.tokenize(t, add_special=False, parse_special=True) for t in texts if t]
+        return [one[0] for one in ids if len(one) == 1]
+
     def piece(self, token: int) -> bytes:
         """The bytes a token stands for; control tokens render as nothing.
 
         Pieces can exceed any fixed buffer and need not be valid UTF-8 on their own: callers feed
         them to an incremental decoder (engine.text)."""
-        cached = self._pieces.get(token)
+        return self._piece(token, False)
+
+    def special_piece(self, token: int) -> bytes:
+        """The bytes a token stands for with control tokens rendered as their text (`<|channel|>`).
+
+        Output parsers (harmony, qwen3) need some control tokens as text; `piece` hides them because
+        most (an end-of-turn, a BOS) are not part of what a model says."""
+        return self._piece(token, True)
+
+    def _piece(self, token: int, special: bool) -> bytes:
+        cache = self._special_pieces if special else self._pieces
+        cached = cache.get(token)
         if cached is not None:
             return cached
         size = 64
         while True:
             buf = ctypes.create_string_buffer(size)
-            n = C.llama_token_to_piece(self.vocab, token, buf, size, 0, False)
+            n = C.llama_token_to_piece(self.vocab, token, buf, size, 0, special)
             if n >= 0:
                 out = buf.raw[:n]
                 break
             size = -n
-        self._pieces[token] = out
+        cache[token] = out
         return out
 
     def close(self) -> None:
@@ -185,8 +203,13 @@ class Context:
     """One KV cache (sequence 0) over shared Weights, plus the tokens it holds.
 
     `tokens[i]` is the token whose keys/values sit at position i; `decode` appends, `truncate`
-    rolls back. Logits are copied out of llama.cpp right away because the next decode reuses
-    its buffer."""
+    rolls back, `shift` drops a stretch and moves what follows down. Logits are copied out of
+    llama.cpp right away because the next decode reuses its buffer.
+
+    `fresh` counts the leading positions whose keys/values are what a prefill of `tokens[:fresh]`
+    would compute. A shift keeps the later tokens' entries, which were computed while the dropped
+    stretch was still there, so they are not: a new prompt may reuse only the fresh prefix, or its
+    output would depend on what earlier requests did to the cache."""
 
     def __init__(self, weights: Weights, params: ContextParams) -> None:
         self.weights = weights
@@ -219,7 +242,14 @@ class Context:
         self.n_vocab = weights.n_vocab
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)
         self.tokens: list[int] = []
+        self._fresh = 0
+        # Whether positions can be moved in place (attention caches can; recurrent state cannot).
+        self.can_shift = bool(C.llama_memory_can_shift(self.memory))
         self._closed = False
+
+    @property
+    def fresh(self) -> int:
+        return self._fresh
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -233,10 +263,32 @@ class Context:
             C.llama_memory_clear(self.memory, True)
             n = 0
         del self.tokens[n:]
+        self._fresh = min(self._fresh, n)
 
     def clear(self) -> None:
         C.llama_memory_clear(self.memory, True)
         self.tokens.clear()
+        self._fresh = 0
+
+    def shift(self, keep: int, discard: int) -> bool:
+        """Forget positions [keep, keep + discard) and move the rest down by `discard` (llama-server's
+        context shift: llama_memory_seq_rm, then llama_memory_seq_add, which re-rotates the moved keys).
+
+        Memory that cannot move positions (llama_memory_can_shift false) is rebuilt instead: cleared
+        and prefilled with the shifted tokens, which costs a prefill but gives the same `tokens`.
+        Returns whether the shift happened in place."""
+        n = len(self.tokens)
+        if keep < 0 or discard <= 0 or keep + discard > n:
+            raise ValueError(f"cannot drop [{keep}, {keep + discard}) of {n} positions")
+        if not self.can_shift or not C.llama_memory_seq_rm(self.memory, 0, keep, keep + discard):
+            shifted = self.tokens[:keep] + self.tokens[keep + discard :]
+            self.clear()
+            self.prefill(shifted)
+            return False
+        C.llama_memory_seq_add(self.memory, 0, keep + discard, n, -discard)
+        del self.tokens[keep : keep + discard]
+        self._fresh = min(self._fresh, keep)
+        return True
 
     def _decode_chunk(self, tokens: Sequence[int], start: int, want: Sequence[bool]) -> None:
         b = self._batch
@@ -266,7 +318,7 @@ class Context:
         for off in range(0, len(tokens), self.n_batch):
             chunk = tokens[off : off + self.n_batch]
             self._decode_chunk(chunk, len(self.tokens), [False] * len(chunk))
-            self.tokens.extend(chunk)
+            self._extend(chunk)
 
     def decode(self, tokens: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
         """Append tokens in ONE llama_decode and return the logits of `rows` (default: all).
@@ -283,10 +335,16 @@ class Context:
         for r in rows:
             want[r] = True
         self._decode_chunk(tokens, len(self.tokens), want)
-        self.tokens.extend(tokens)
+        self._extend(tokens)
         ptr = C.llama_get_logits(self.ctx)
         out = np.ctypeslib.as_array(ptr, shape=(len(rows), self.n_vocab))
         return out.copy()
+
+    def _extend(self, tokens: Sequence[int]) -> None:
+        grows = self._fresh == len(self.tokens)  # entries after a shifted stretch stay unfresh
+        self.tokens.extend(tokens)
+        if grows:
+            self._fresh = len(self.tokens)
 
     def synchronize(self) -> None:
         """Wait until queued work is done. On a GPU llama_decode can return before the device

@@ -429,3 +429,8 @@ class SuffixDrafter:
 
     def lag(self, context: Sequence[int]) -> int:
         return 0  # a lookup needs nothing caught up
+
+    def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
+        # A lookup reads only the context's end, which a shift keeps; forget the remembered one,
+        # whose key (length, last token) described the longer context.
+        self._found = (-1, -1, Continuation())

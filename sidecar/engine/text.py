@@ -54,3 +54,35 @@ def partial_suffix(text: str, needles: Iterable[str]) -> int:
                 best = n
                 break
     return best
+
+
+class Trigger:
+    """Watches the output's text for a string: where a deferred grammar starts (`</think>`).
+
+    It sees every emitted token's text, held-back stop prefixes included, so when a grammar starts
+    depends on the tokens alone. `copy` gives an independent watcher to walk along a draft."""
+
+    def __init__(self, needle: str) -> None:
+        self.needle = needle
+        self.fired = not needle
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._tail = ""  # the end of the text so far that could be the start of the needle
+
+    def feed(self, piece: bytes) -> bool:
+        """Add a token's bytes; whether the needle has appeared (by this token or earlier)."""
+        if self.fired:
+            return True
+        text = self._tail + self._decoder.decode(piece)
+        if self.needle in text:
+            self.fired = True
+            self._tail = ""
+        else:
+            self._tail = text[-(len(self.needle) - 1) :] if len(self.needle) > 1 else ""
+        return self.fired
+
+    def copy(self) -> Trigger:
+        twin = Trigger(self.needle)
+        twin.fired = self.fired
+        twin._decoder.setstate(self._decoder.getstate())
+        twin._tail = self._tail
+        return twin
