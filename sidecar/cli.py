@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, get_args
 
 from sidecar import __version__
@@ -202,6 +203,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     Prints one row per pair and exits 1 on any problem, so it can gate a deploy or a reload."""
     from sidecar.config.loader import load_file
+    from sidecar.runtime import render
 
     path = default_path(args.config)
     try:
@@ -220,12 +222,29 @@ def cmd_check(args: argparse.Namespace) -> int:
             continue
         status = _check_draft(entry) if entry.draft is not None else "ok"
         ok = ok and status == "ok"
+        status = "; ".join([status, *render.notes(entry)])
         rows.append((name, str(entry.target.path), str(entry.draft.path) if entry.draft else dname, status))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=False)) + "  " + r[3])
+    _print_backend(prepared.entries.values())
     print(f"{path}: {'ok' if ok else 'problems found'}")
     return 0 if ok else 1
+
+
+def _print_backend(entries: Iterable[PairEntry]) -> None:
+    """The backend this build runs on, and where each target's layers will sit."""
+    from sidecar.engine.llama import gpu_offload_supported, system_info
+
+    gpu = gpu_offload_supported()
+    # system_info() reads "CUDA : ARCHS = 900 | ... | CPU : SSE3 = 1 | ...": a backend opens each group.
+    names = [part.split(" : ")[0].strip() for part in system_info().split("|") if " : " in part]
+    print(f"llama.cpp backend: {' + '.join(names) or 'CPU'} ({'GPU offload' if gpu else 'CPU only'})")
+    for e in entries:
+        n = int(e.metadata.get(f"{e.metadata.get('general.architecture', '')}.block_count", 0) or 0) + 1
+        want = e.config.runtime.num_gpu
+        on_gpu = min(n, n if want < 0 else want) if gpu else 0
+        print(f"  {e.name}: {on_gpu} of {n} layers on the GPU")
 
 
 def _check_draft(entry: PairEntry) -> str:
@@ -245,6 +264,26 @@ def _check_draft(entry: PairEntry) -> str:
     finally:
         for w in loaded:
             w.close()
+
+
+def cmd_suggest(args: argparse.Namespace) -> int:
+    """Which model in the configured stores can draft for which, best first, plus a pairs.yaml
+    snippet; --probe measures the top candidates on this machine (cached, so a rerun is instant)."""
+    import json
+
+    from sidecar.runtime.suggest import configured_stores, format_table, pairs_snippet, suggest
+
+    try:
+        stores = configured_stores(default_path(args.config))
+    except ConfigError as e:
+        print(f"{e}", file=sys.stderr)
+        return 1
+    results = suggest(stores, probe=args.probe, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.json:
+        print(json.dumps([r.to_json() for r in results], indent=2))
+    else:
+        print(format_table(results) + "\n\n" + pairs_snippet(results), end="")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,10 +306,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="do not watch the config file (SIGHUP still reloads it)")
     c = sub.add_parser("check", help="validate pairs.yaml, resolve models, check draft pairing")
     c.add_argument("--config")
+    g = sub.add_parser("suggest", help="list which models can draft for which, and suggest pairs")
+    g.add_argument("--config", help="pairs.yaml whose models: names the stores (default: as for serve)")
+    g.add_argument("--probe", action="store_true",
+                   help="measure agreement and predicted speed-up of each target's top 3 drafts (cached)")
+    g.add_argument("--json", action="store_true", help="print the suggestions as JSON")
     args = parser.parse_args(argv)
     setup_logging()
     if args.command == "serve":
         return cmd_serve(args)
+    if args.command == "suggest":
+        return cmd_suggest(args)
     return cmd_check(args)
 
 

@@ -195,13 +195,19 @@ def test_errors_have_ollamas_shape(daemon: Daemon, path: str, body: dict, status
 
 
 def test_malformed_bodies(daemon: Daemon) -> None:
-    for raw, msg in ((b"", "missing request body"), (b"{not json", "invalid JSON"), (b"[1,2]", "cannot unmarshal")):
+    for raw, msg in ((b"", "missing request body"), (b"{not json", "invalid character 'n'"),
+                     (b"[1,2]", "cannot unmarshal")):
         r = post(daemon.url + "/api/generate", content=raw)
         assert r.status_code == 400 and msg in r.json()["error"]
 
 
 def test_prompt_longer_than_context(daemon: Daemon) -> None:
-    r = post(daemon.url + "/api/generate", json={"model": TINY, "prompt": "long " * 400, "stream": False})
+    """Cut to fit, as Ollama cuts it; with `truncate: false` the client's 400."""
+    r = post(daemon.url + "/api/generate", json={"model": TINY, "prompt": "long " * 400, "stream": False,
+                                                 "options": {"num_predict": 4}})
+    assert r.status_code == 200 and r.json()["prompt_eval_count"] < 256, r.text
+    r = post(daemon.url + "/api/generate", json={"model": TINY, "prompt": "long " * 400, "stream": False,
+                                                 "truncate": False})
     assert r.status_code == 400 and "context" in r.json()["error"]
     # ...and the daemon keeps serving.
     ok = post(daemon.url + "/api/generate", json={"model": TINY, "prompt": "x", "options": GREEDY,

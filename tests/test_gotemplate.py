@@ -590,8 +590,9 @@ def test_think_values() -> None:
     assert render_ollama(template, messages, think=True) == "true/medium/true"
     assert render_ollama(template, messages, think=False) == "false//true"
     assert render_ollama(template, messages, think="high") == "true/high/true"
+    assert render_ollama(template, messages, think="max") == "true/max/true"  # api.ThinkValue accepts "max"
     with pytest.raises(ValueError, match="invalid think value"):
-        render_ollama(template, messages, think="max")
+        render_ollama(template, messages, think="ultra")
 
 
 def test_fill_in_the_middle() -> None:

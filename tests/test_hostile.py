@@ -115,11 +115,17 @@ def test_body_over_the_limit(daemon: Daemon, path: str) -> None:
 
 
 def test_huge_prompt_within_the_limit(daemon: Daemon) -> None:
+    """Cut to fit (a 5,000-message chat keeps its newest messages), or, with truncate off, a 400."""
     r = httpx.post(daemon.url + "/api/generate", timeout=T, json={
         "model": TINY, "prompt": "ab " * 5_000, "stream": False})
+    assert r.status_code == 200 and r.json()["prompt_eval_count"] < 256
+    r = httpx.post(daemon.url + "/api/generate", timeout=T, json={
+        "model": TINY, "prompt": "ab " * 5_000, "stream": False, "truncate": False})
     assert r.status_code == 400 and "context" in r.json()["error"]
     big_chat = {"model": TINY, "messages": [{"role": "user", "content": "x"}] * 5_000, "stream": False}
     r = httpx.post(daemon.url + "/api/chat", json=big_chat, timeout=T)
+    assert r.status_code == 200 and r.json()["prompt_eval_count"] < 256
+    r = httpx.post(daemon.url + "/api/chat", json={**big_chat, "truncate": False}, timeout=T)
     assert r.status_code == 400 and "context" in r.json()["error"]
     still_serves(daemon)
 
@@ -134,11 +140,13 @@ def test_bytes_that_are_not_a_json_object(daemon: Daemon, path: str, raw: bytes)
 
 VALUES: list[Any] = [None, True, 0, -1, 1.5, 10**30, "", "x", [], [1, "a"], {}, {"a": None}]
 GENERATE_FIELDS = ["model", "prompt", "suffix", "system", "template", "context", "raw", "format", "images",
-                   "keep_alive", "stream", "options", "think", "_debug_render_only"]
-CHAT_FIELDS = ["model", "messages", "tools", "format", "keep_alive", "stream", "options", "think"]
+                   "keep_alive", "stream", "options", "think", "_debug_render_only", "truncate", "shift",
+                   "logprobs", "top_logprobs"]
+CHAT_FIELDS = ["model", "messages", "tools", "format", "keep_alive", "stream", "options", "think", "truncate",
+               "shift", "logprobs", "top_logprobs"]
 OPENAI_FIELDS = ["model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
                  "temperature", "top_p", "seed", "stop", "frequency_penalty", "presence_penalty", "response_format",
-                 "tools"]
+                 "tools", "logprobs", "top_logprobs", "reasoning_effort", "reasoning"]
 
 
 def cases() -> Iterator[tuple[str, dict[str, Any]]]:
@@ -162,7 +170,7 @@ def test_every_field_with_every_type(daemon: Daemon, path: str, body: dict[str, 
 
 ABSURD: list[tuple[dict[str, Any], int | None]] = [
     ({"num_ctx": 10**9}, 400),
-    ({"num_ctx": 0}, 400),
+    ({"num_ctx": 0}, 200),  # Ollama accepts it; the window is raised to its minimum
     ({"num_ctx": -1}, 400),
     ({"num_predict": -5}, 400),  # Ollama knows -1 (no limit) and -2 (fill the context); below is a 400
     ({"num_predict": -2}, 200),
@@ -236,7 +244,9 @@ field_values = {
     "keep_alive": st.sampled_from(["5m", "0", "-1", 0, "1h"]) | json_value, "format": json_value,
     "messages": st.lists(message, max_size=3) | json_value, "options": options | json_value, "think": json_value,
     "max_tokens": st.integers(-3, 16) | json_value, "temperature": json_value, "stop": json_value,
-    "verbose": json_value, "name": model, "input": json_value, "tools": json_value,
+    "verbose": json_value, "name": model, "input": json_value, "tools": json_value, "suffix": json_value,
+    "truncate": json_value, "shift": json_value, "logprobs": json_value,
+    "top_logprobs": st.integers(-3, 40) | json_value, "reasoning_effort": json_value,
 }
 body = st.fixed_dictionaries({}, optional=field_values).map(
     lambda b: b if "max_tokens" in b else {**b, "max_tokens": 8})

@@ -135,8 +135,8 @@ def test_edge_values_that_are_allowed() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"num_ctx": 10**9}, f'option "num_ctx" must be between 1 and {MAX_CTX}'),
-        ({"num_ctx": 0}, f'option "num_ctx" must be between 1 and {MAX_CTX}'),
+        ({"num_ctx": 10**9}, f'option "num_ctx" must be between 0 and {MAX_CTX}'),
+        ({"num_ctx": -1}, f'option "num_ctx" must be between 0 and {MAX_CTX}'),
         ({"num_predict": -5}, 'option "num_predict" must be >= -2 (-1 = no limit, -2 = fill the context)'),
         ({"top_k": -1}, 'option "top_k" must be >= 0 (0 disables it)'),
         ({"temperature": math.nan}, 'option "temperature" must be a finite number'),

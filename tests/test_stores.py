@@ -33,12 +33,13 @@ def _blob(root: Path, data: bytes) -> dict[str, Any]:
 
 def add_ollama_model(root: Path, manifest: str, gguf: Path | bytes, *, template: str | None = None,
                      system: str | None = None, params: dict[str, Any] | None = None,
-                     messages: list[dict[str, str]] | None = None, extra: Sequence[tuple[str, bytes]] = ()
-                     ) -> Path:
+                     messages: list[dict[str, str]] | None = None, extra: Sequence[tuple[str, bytes]] = (),
+                     config: dict[str, Any] | None = None) -> Path:
     """Write a model into an Ollama store as `ollama pull` leaves it.
 
     `manifest` is the path under manifests/ (host/namespace/model/tag), spelled out so these
-    tests do not lean on the name parser they test."""
+    tests do not lean on the name parser they test. `config` adds to the config blob (renderer,
+    parser, capabilities, model_family)."""
     data = gguf if isinstance(gguf, bytes) else gguf.read_bytes()
     layers = [{"mediaType": MEDIA + "model", **_blob(root, data)}]
     if template is not None:
@@ -50,7 +51,7 @@ def add_ollama_model(root: Path, manifest: str, gguf: Path | bytes, *, template:
     if messages is not None:
         layers.append({"mediaType": MEDIA + "messages", **_blob(root, json.dumps(messages).encode())})
     layers += [{"mediaType": MEDIA + kind, **_blob(root, body)} for kind, body in extra]
-    config = {"model_format": "gguf", "model_family": "llama", "file_type": "F32"}
+    config = {"model_format": "gguf", "model_family": "llama", "file_type": "F32", **(config or {})}
     doc = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
            "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
                       **_blob(root, json.dumps(config).encode())},

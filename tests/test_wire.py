@@ -68,18 +68,21 @@ def test_a_leading_plus_sign_is_accepted_like_go(value: str, seconds: float) -> 
     assert parse_duration(value) == seconds
 
 
-@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, None, [1], {"m": 5}])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, None])
 def test_non_durations_are_a_400(value: Any) -> None:
     with pytest.raises(ApiError) as e:
         parse_duration(value)
     assert (e.value.status, e.value.message) == (400, "invalid keep_alive")
 
 
-def test_a_bool_keep_alive_gets_gos_unmarshal_error() -> None:
+@pytest.mark.parametrize(("value", "go"), [
+    (True, "bool"), ([1], "[]interface {}"), ({"m": 5}, "map[string]interface {}"),
+])
+def test_other_json_types_get_api_durations_error(value: Any, go: str) -> None:
+    """api.Duration's UnmarshalJSON: `Unsupported type: '<Go's reflect type>'`."""
     with pytest.raises(ApiError) as e:
-        parse_duration(True)
-    assert e.value.status == 400
-    assert "cannot unmarshal bool" in e.value.message
+        parse_duration(value)
+    assert (e.value.status, e.value.message) == (400, f"Unsupported type: '{go}'")
 
 
 # -- dumps / line ----------------------------------------------------------------------------------
@@ -157,9 +160,18 @@ def test_read_body_rejects_invalid_utf8() -> None:
     assert "not valid UTF-8" in body_error(b'{"prompt": "\xff"}')
 
 
-@pytest.mark.parametrize("raw", [b"{", b'{"a": 1,}', b"{'a': 1}", b'{"a": NaN}', b'{"a": Infinity}'])
-def test_read_body_rejects_invalid_json(raw: bytes) -> None:
-    assert body_error(raw).startswith("invalid JSON")
+@pytest.mark.parametrize(("raw", "message"), [
+    (b"{", "unexpected EOF"),
+    (b'{"a": 1,}', "invalid character '}' looking for beginning of object key string"),
+    (b"{'a': 1}", "invalid character '\\'' looking for beginning of object key string"),
+    (b'{"a": NaN}', "invalid character 'N' looking for beginning of value"),
+    (b'{"a": Infinity}', "invalid character 'I' looking for beginning of value"),
+    (b"[1 2]", "invalid character '2' after array element"),
+    (b'{"a": 1} x', "invalid character 'x' after top-level value"),
+])
+def test_read_body_rejects_invalid_json_as_go_does(raw: bytes, message: str) -> None:
+    """encoding/json's SyntaxError text, which gin answers with."""
+    assert body_error(raw) == message
 
 
 def test_read_body_rejects_deep_nesting() -> None:
@@ -195,15 +207,26 @@ def test_requests_read_typed_values_and_zero_values() -> None:
         (GenerateRequest, {"stream": 1},
          "json: cannot unmarshal number into Go struct field GenerateRequest.stream of type bool"),
         (GenerateRequest, {"images": {"a": 1}},
-         "json: cannot unmarshal object into Go struct field GenerateRequest.images of type []"),
+         "json: cannot unmarshal object into Go struct field GenerateRequest.images of type []api.ImageData"),
         (GenerateRequest, {"context": [1, "a"]},
-         "json: cannot unmarshal into Go struct field GenerateRequest.context of type int"),
+         "json: cannot unmarshal string into Go struct field GenerateRequest.context of type int"),
         (ChatRequest, {"messages": [{"role": 3}]},
-         "json: cannot unmarshal number into Go struct field Message.role of type string"),
+         "json: cannot unmarshal number into Go struct field Message.messages.role of type string"),
         (ChatRequest, {"messages": ["hi"]},
-         "json: cannot unmarshal str into Go struct field ChatRequest.messages of type api.Message (message 0)"),
+         "json: cannot unmarshal string into Go struct field ChatRequest.messages of type api.Message"),
         (ChatRequest, {"tools": True},
-         "json: cannot unmarshal bool into Go struct field ChatRequest.tools of type []"),
+         "json: cannot unmarshal bool into Go struct field ChatRequest.tools of type api.Tools"),
+        (GenerateRequest, {"top_logprobs": 1.5},
+         "json: cannot unmarshal number 1.5 into Go struct field GenerateRequest.top_logprobs of type int"),
+        (GenerateRequest, {"top_logprobs": 21}, "top_logprobs must be between 0 and 20"),
+        (GenerateRequest, {"think": "AAA"},
+         'invalid think value: "AAA" (must be "high", "medium", "low", "max", true, or false)'),
+        (ChatRequest, {"think": 1},
+         'think must be a boolean or string ("high", "medium", "low", "max", true, or false)'),
+        (GenerateRequest, {"logprobs": "yes"},
+         "json: cannot unmarshal string into Go struct field GenerateRequest.logprobs of type bool"),
+        (GenerateRequest, {"options": [1]},
+         "json: cannot unmarshal array into Go struct field GenerateRequest.options of type map[string]interface {}"),
     ],
 )
 def test_wrong_types_get_gos_decoder_error(model: Any, body: dict[str, Any], message: str) -> None:

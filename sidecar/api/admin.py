@@ -16,6 +16,7 @@ from aiohttp import web
 from sidecar.api.pairs import runtime_of
 from sidecar.api.wire import json_response
 from sidecar.config.entries import PairEntry
+from sidecar.runtime import render
 from sidecar.runtime.manager import Runtime
 from sidecar.runtime.reload import Reloader
 
@@ -51,6 +52,8 @@ def pairs(rt: Runtime, errors: dict[str, str]) -> list[dict[str, Any]]:
         "from": e.config.from_,
         "target": str(e.target.path),
         "draft": _draft(e),
+        "capabilities": render.capabilities(e),
+        "notes": render.notes(e),  # what Ollama's manifest asks for that is served differently here
         "error": errors.get(e.name),
     } for e in rt.entries.values()]
     served = {e.name for e in rt.entries.values()}

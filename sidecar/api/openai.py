@@ -19,7 +19,7 @@ from aiohttp import web
 
 from sidecar.api import proxy
 from sidecar.api.pairs import find_pair, runtime_of
-from sidecar.api.respond import respond
+from sidecar.api.respond import joined, logprobs_json, respond
 from sidecar.api.wire import ApiError, dumps, json_response, read_body
 from sidecar.config.entries import PairEntry
 from sidecar.runtime.contract import Delta, Job, Outcome, Prompt
@@ -143,6 +143,34 @@ def sampling(body: dict[str, Any], *, completion: bool) -> dict[str, Any]:
     return opts
 
 
+def _think(body: dict[str, Any]) -> bool | str | None:
+    """`reasoning.effort` or `reasoning_effort` as Ollama's `think` (openai/openai.go thinkFromReasoningEffort)."""
+    reasoning = body.get("reasoning")
+    effort = reasoning.get("effort") if isinstance(reasoning, dict) else body.get("reasoning_effort")
+    if effort in (None, ""):
+        return None
+    mapping: dict[str, bool | str] = {"none": False, "minimal": "low", "low": "low", "medium": "medium",
+                                      "high": "high", "max": "max", "xhigh": "max", "ultra": "max"}
+    if not isinstance(effort, str) or effort not in mapping:
+        raise ApiError(400, f'invalid reasoning value: {json.dumps(effort)} (must be "minimal", "low", "medium", '
+                            '"high", "xhigh", "ultra", "max", or "none")')
+    return mapping[effort]
+
+
+def _logprobs(body: dict[str, Any], *, completion: bool) -> int | None:
+    """Chat: `logprobs` true plus `top_logprobs`; completions: `logprobs` is the number of alternatives."""
+    if completion:
+        n = _integer(body, "logprobs")
+        return None if n is None else n
+    on = body.get("logprobs")
+    if on is not None and not isinstance(on, bool):
+        raise ApiError(400, "invalid logprobs: must be a boolean")
+    top = _integer(body, "top_logprobs") or 0
+    if not 0 <= top <= 20:
+        raise ApiError(400, "top_logprobs must be between 0 and 20")
+    return top if on else None
+
+
 def _find(request: web.Request, body: dict[str, Any]) -> PairEntry:
     name = body.get("model")
     if not isinstance(name, str) or not name:
@@ -167,6 +195,8 @@ def _messages(entry: PairEntry, body: dict[str, Any]) -> list[dict[str, Any]]:
         extra: dict[str, Any] = {}
         if m.get("tool_calls"):
             extra["tool_calls"] = _input_tool_calls(m["tool_calls"], names)
+        if isinstance(m.get("reasoning"), str) and m["reasoning"]:
+            extra["thinking"] = m["reasoning"]  # Ollama's name for an earlier turn's reasoning
         if role == "tool":
             cid = m.get("tool_call_id") if isinstance(m.get("tool_call_id"), str) else ""
             name = m.get("name") if isinstance(m.get("name"), str) else names.get(cid, "")
@@ -212,7 +242,10 @@ def _usage(o: Outcome) -> dict[str, int]:
 
 
 class OpenAIFraming:
-    """chat.completion / text_completion objects, or their SSE chunks ending with `data: [DONE]`."""
+    """chat.completion / text_completion objects, or their SSE chunks ending with `data: [DONE]`.
+
+    The model's thinking is `reasoning` (Ollama's name, not `reasoning_content`); logprobs are
+    `choices[].logprobs.content` (openai/openai.go)."""
 
     content_type = SSE
 
@@ -232,28 +265,39 @@ class OpenAIFraming:
     def encode(self, chunk: dict[str, Any]) -> bytes:
         return f"data: {dumps(chunk)}\n\n".encode("ascii")
 
-    def chunk(self, piece: str | None, finish: str | None, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """A streamed piece or tool calls (finish None), or the closing chunk (piece None)."""
+    def chunk(self, d: Delta | None, finish: str | None) -> dict[str, Any]:
+        """A streamed Delta (finish None), or the closing chunk (d None)."""
+        logprobs = {"content": logprobs_json(d.logprobs)} if d is not None and d.logprobs else None
         if self.chat:
             delta: dict[str, Any] = {}
             if self.first:
                 delta["role"] = "assistant"
-            if piece is not None:
-                delta["content"] = piece
-            if calls:
-                delta["tool_calls"] = _tool_calls(calls)
+            if d is not None:
+                if d.thinking:
+                    delta["reasoning"] = d.thinking
+                if d.content or not (d.thinking or d.tool_calls):
+                    delta["content"] = d.content
+                if d.tool_calls:
+                    delta["tool_calls"] = _tool_calls(list(d.tool_calls))
             choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+            if logprobs:
+                choice["logprobs"] = logprobs
             obj = "chat.completion.chunk"
         else:
-            choice = {"text": piece or "", "index": 0, "logprobs": None, "finish_reason": finish}
+            choice = {"text": d.content if d else "", "index": 0, "logprobs": logprobs, "finish_reason": finish}
             obj = "text_completion"
         self.first = False
         return {**self.envelope(obj), "choices": [choice]}
 
     def delta(self, d: Delta) -> list[dict[str, Any]]:
-        out = [self.chunk(d.content, None)] if d.content else []
+        out = []
+        if self.chat and d.thinking and (d.content or d.tool_calls):  # a mixed delta is split in two
+            out.append(self.chunk(Delta(thinking=d.thinking, logprobs=d.logprobs), None))
+            d = Delta(d.content, d.tool_calls)
+        if d.content or d.thinking or d.logprobs:
+            out.append(self.chunk(Delta(d.content, (), d.thinking, d.logprobs), None))
         if d.tool_calls:
-            out.append(self.chunk(None, None, list(d.tool_calls)))
+            out.append(self.chunk(Delta(tool_calls=d.tool_calls), None))
             self.called = True
         return out
 
@@ -270,15 +314,22 @@ class OpenAIFraming:
     def error(self, message: str) -> dict[str, Any]:
         return {"error": {"message": message, "type": "api_error", "param": None, "code": None}}
 
-    def whole(self, content: str, tool_calls: list[dict[str, Any]], o: Outcome) -> web.Response:
+    def whole(self, parts: list[Delta], o: Outcome) -> web.Response:
+        d = joined(parts)
+        logprobs = {"content": logprobs_json(d.logprobs)} if d.logprobs else None
         if self.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": content}
-            if tool_calls:
-                message["tool_calls"] = _tool_calls(tool_calls)
-            choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": _finish(o, bool(tool_calls))}
+            message: dict[str, Any] = {"role": "assistant", "content": d.content}
+            if d.thinking:
+                message["reasoning"] = d.thinking
+            if d.tool_calls:
+                message["tool_calls"] = _tool_calls(list(d.tool_calls))
+            choice: dict[str, Any] = {"index": 0, "message": message,
+                                      "finish_reason": _finish(o, bool(d.tool_calls))}
+            if logprobs:
+                choice["logprobs"] = logprobs
             out = self.envelope("chat.completion")
         else:
-            choice = {"text": content, "index": 0, "logprobs": None, "finish_reason": _finish(o)}
+            choice = {"text": d.content, "index": 0, "logprobs": logprobs, "finish_reason": _finish(o)}
             out = self.envelope("text_completion")
         return json_response({**out, "choices": [choice], "usage": _usage(o)})
 
@@ -287,8 +338,9 @@ class OpenAIFraming:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_body(request)
     entry = _find(request, body)
-    prompt = Prompt.of_chat(_messages(entry, body), _tools(body))
-    job = Job(prompt, sampling(body, completion=False), _response_format(body))
+    prompt = Prompt.of_chat(_messages(entry, body), _tools(body), think=_think(body))
+    job = Job(prompt, sampling(body, completion=False), _response_format(body),
+              logprobs=_logprobs(body, completion=False))
     stream, include_usage = _stream(body)
     return await respond(request, entry, job, OpenAIFraming(entry, chat=True, include_usage=include_usage), stream)
 
@@ -299,10 +351,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
     prompt = body.get("prompt", "")
     if not isinstance(prompt, str):
         raise ApiError(400, "prompt must be a string")
-    if body.get("suffix"):
-        raise ApiError(400, f'"{entry.name}" does not support insert')
+    suffix = body.get("suffix") or ""
+    if not isinstance(suffix, str):
+        raise ApiError(400, "suffix must be a string")
     # Like Ollama, /v1/completions goes through the template (it is /api/generate without raw).
-    job = Job(Prompt.of_completion(prompt), sampling(body, completion=True), _response_format(body))
+    job = Job(Prompt.of_completion(prompt, suffix=suffix, think=_think(body)), sampling(body, completion=True),
+              _response_format(body), logprobs=_logprobs(body, completion=True))
     stream, include_usage = _stream(body)
     return await respond(request, entry, job, OpenAIFraming(entry, chat=False, include_usage=include_usage), stream)
 

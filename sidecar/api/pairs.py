@@ -6,6 +6,7 @@ from aiohttp import web
 
 from sidecar.api.wire import ApiError
 from sidecar.config.entries import PairEntry
+from sidecar.observability import metrics
 from sidecar.runtime.manager import Runtime
 
 RUNTIME = web.AppKey("sidecar_runtime", Runtime)
@@ -16,8 +17,12 @@ def runtime_of(request: web.Request) -> Runtime:
 
 
 def find_pair(request: web.Request, name: str) -> PairEntry:
-    """The pair a request names, or Ollama's 404 (`model 'x' not found`)."""
+    """The pair a request names, or Ollama's 404 (`model 'x' not found`).
+
+    From here on the request's metrics carry the pair's name, whatever its end (an error, an
+    unload, an abort); a name that is no pair stays unlabelled, since clients can send anything."""
     entry = runtime_of(request).find(name) if name else None
     if entry is None:
         raise ApiError(404, f"model '{name}' not found")
+    metrics.set_model(request, entry.name)
     return entry

@@ -9,7 +9,6 @@ GenerateRequest.prompt of type string`, because clients and their tests match on
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -21,34 +20,68 @@ from sidecar.api.wire import ApiError, json_kind
 M = TypeVar("M", bound=BaseModel)
 
 
-def _go(go: str, ok: Callable[[Any], bool]) -> BeforeValidator:
-    """A field of Go type `go`: JSON values `ok` accepts pass, null is the zero value, the rest fail."""
+def _go(go: str, ok: Callable[[Any], bool], path: str | None = None) -> BeforeValidator:
+    """A field of Go type `go`: JSON values `ok` accepts pass, null is the zero value, the rest fail.
+
+    `path` is the field's JSON path from the body when it is nested (Go reports `messages.role`)."""
 
     def check(v: Any, info: ValidationInfo) -> Any:
         if v is None:
             raise PydanticUseDefault
         if not ok(v):
-            raise unmarshal_error(v, info.config.get("title", "") if info.config else "", info.field_name or "", go)
+            struct = info.config.get("title", "") if info.config else ""
+            raise unmarshal_error(v, struct, path or info.field_name or "", go)
         return v
 
     return BeforeValidator(check)
 
 
 def unmarshal_error(value: Any, struct: str, field: str, go: str) -> PydanticCustomError:
+    """encoding/json's UnmarshalTypeError: the innermost struct, the field's path, the Go type."""
+    kind = json_kind(value)
+    if go == "int" and kind == "number":
+        kind = f"number {value}"  # Go names the literal that is no integer
     return PydanticCustomError(
         "go_type", "json: cannot unmarshal {value} into Go struct field {struct}.{field} of type {go}",
-        {"value": json_kind(value), "struct": struct, "field": field, "go": go})
+        {"value": kind, "struct": struct, "field": field, "go": go})
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
 
 
-String = Annotated[str, _go("string", lambda v: isinstance(v, str))]
-OptString = Annotated[str | None, _go("string", lambda v: isinstance(v, str))]  # None: not given
+def _is_list(v: Any) -> bool:
+    return isinstance(v, list)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+String = Annotated[str, _go("string", _is_str)]
+OptString = Annotated[str | None, _go("string", _is_str)]  # None: not given
 Bool = Annotated[bool, _go("bool", lambda v: isinstance(v, bool))]
-Number = Annotated[float, _go("float64", _number)]
-List = Annotated[list[Any], _go("[]", lambda v: isinstance(v, list))]
+OptBool = Annotated[bool | None, _go("bool", lambda v: isinstance(v, bool))]  # None: Ollama's default
+Int = Annotated[int, _go("int", _is_int)]
+Object = Annotated[dict[str, Any] | None, _go("map[string]interface {}", lambda v: isinstance(v, dict))]
+
+
+def _think(v: Any) -> Any:
+    """api.ThinkValue's UnmarshalJSON: a bool, or one of the level names."""
+    if v is None or isinstance(v, bool):
+        return v
+    if isinstance(v, str):
+        if v not in THINK_LEVELS:
+            raise PydanticCustomError(
+                "go_type", 'invalid think value: "{v}" (must be "high", "medium", "low", "max", true, or false)',
+                {"v": v})
+        return v
+    raise PydanticCustomError(
+        "go_type", 'think must be a boolean or string ("high", "medium", "low", "max", true, or false)')
+
+
+THINK_LEVELS = ("high", "medium", "low", "max")
+Think = Annotated[bool | str | None, BeforeValidator(_think)]
 
 
 class _Request(BaseModel):
@@ -68,11 +101,14 @@ class Message(_Request):
 
     model_config = ConfigDict(title="Message")
 
-    role: String = ""
-    content: String = ""
-    tool_calls: List = Field(default_factory=list)
-    tool_name: String = ""
-    tool_call_id: String = ""
+    role: Annotated[str, _go("string", _is_str, "messages.role")] = ""
+    content: Annotated[str, _go("string", _is_str, "messages.content")] = ""
+    thinking: Annotated[str, _go("string", _is_str, "messages.thinking")] = ""
+    images: Annotated[list[Any], _go("[]api.ImageData", _is_list, "messages.images")] = Field(default_factory=list)
+    tool_calls: Annotated[list[Any], _go("[]api.ToolCall", _is_list, "messages.tool_calls")] = Field(
+        default_factory=list)
+    tool_name: Annotated[str, _go("string", _is_str, "messages.tool_name")] = ""
+    tool_call_id: Annotated[str, _go("string", _is_str, "messages.tool_call_id")] = ""
 
     @field_validator("role")
     @classmethod
@@ -82,35 +118,26 @@ class Message(_Request):
     def as_dict(self) -> dict[str, Any]:
         """The message as the runtime's Prompt carries it: only the fields that are set."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}
-        for key in ("tool_calls", "tool_name", "tool_call_id"):
+        for key in ("thinking", "tool_calls", "tool_name", "tool_call_id"):
             if value := getattr(self, key):
                 out[key] = value
         return out
 
 
-def _messages(v: Any, info: ValidationInfo) -> Any:
-    """A list of objects; any other element names its index (where Go would stop at it)."""
-    if v is None:
-        raise PydanticUseDefault
-    if not isinstance(v, list):
-        raise unmarshal_error(v, "ChatRequest", "messages", "[]")
-    for i, m in enumerate(v):
-        if not isinstance(m, dict):
-            raise PydanticCustomError(
-                "go_type", "json: cannot unmarshal {kind} into Go struct field ChatRequest.messages of type "
-                "api.Message (message {i})", {"kind": type(m).__name__, "i": i})
-    return v
+def _list_of(struct: str, field: str, go: str, element: str, ok: Callable[[Any], bool]) -> BeforeValidator:
+    """A Go slice: not a list fails as the slice, a wrong element as the element type."""
 
-
-def _context(v: Any, info: ValidationInfo) -> Any:
-    if v is None:
+    def check(v: Any) -> Any:
+        if v is None:
+            raise PydanticUseDefault
+        if not isinstance(v, list):
+            raise unmarshal_error(v, struct, field, go)
+        for item in v:
+            if not ok(item):
+                raise unmarshal_error(item, struct, field, element)
         return v
-    if not isinstance(v, list):
-        raise unmarshal_error(v, "GenerateRequest", "context", "[]")
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
-        raise PydanticCustomError(
-            "go_type", "json: cannot unmarshal into Go struct field GenerateRequest.context of type int")
-    return v
+
+    return BeforeValidator(check)
 
 
 class _Generation(_Request):
@@ -120,9 +147,20 @@ class _Generation(_Request):
     stream: Bool = True  # Ollama: a missing `stream` means true
     format: Any = None
     keep_alive: Any = None
-    options: Any = None
-    think: Any = None
+    options: Object = None
+    think: Think = None
+    truncate: OptBool = None  # trim the prompt (chat: the oldest messages) to fit; default true
+    shift: OptBool = None  # shift the context when generation fills it; default true
+    logprobs: Bool = False
+    top_logprobs: Int = 0
     debug_render_only: Bool = Field(False, alias="_debug_render_only")
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top(cls, v: int) -> int:
+        if not 0 <= v <= 20:
+            raise PydanticCustomError("go_type", "top_logprobs must be between 0 and 20")
+        return v
 
 
 class GenerateRequest(_Generation):
@@ -132,16 +170,18 @@ class GenerateRequest(_Generation):
     suffix: String = ""
     system: OptString = None
     template: OptString = None
-    context: Annotated[list[int] | None, BeforeValidator(_context)] = None
+    context: Annotated[list[int] | None, _list_of("GenerateRequest", "context", "[]int", "int", _is_int)] = None
     raw: Bool = False
-    images: List = Field(default_factory=list)
+    images: Annotated[list[Any], _go("[]api.ImageData", _is_list)] = Field(default_factory=list)
 
 
 class ChatRequest(_Generation):
     model_config = ConfigDict(title="ChatRequest")
 
-    messages: Annotated[list[Message], BeforeValidator(_messages)] = Field(default_factory=list)
-    tools: List = Field(default_factory=list)
+    messages: Annotated[list[Message], _list_of("ChatRequest", "messages", "[]api.Message", "api.Message",
+                                                lambda m: isinstance(m, dict))] = Field(default_factory=list)
+    tools: Annotated[list[Any], _list_of("ChatRequest", "tools", "api.Tools", "api.Tool",
+                                         lambda t: isinstance(t, dict))] = Field(default_factory=list)
 
 
 class ShowRequest(_Request):
@@ -149,4 +189,4 @@ class ShowRequest(_Request):
 
     model: String = ""
     name: String = ""
-    verbose: Any = None
+    verbose: Bool = False

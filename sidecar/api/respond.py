@@ -10,9 +10,11 @@ the `Framing`'s job: Ollama's NDJSON (api.ollama) and OpenAI's SSE (api.openai).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, Protocol, TypeVar
 
 import structlog
 from aiohttp import web
@@ -22,13 +24,19 @@ from sidecar.api.wire import ApiError, client_gone
 from sidecar.config.entries import PairEntry
 from sidecar.errors import ClientError, Unavailable
 from sidecar.observability import metrics
-from sidecar.runtime.contract import Delta, Job, Outcome
-from sidecar.runtime.manager import ShuttingDown
+from sidecar.runtime.contract import Delta, Job, Logprob, Outcome, TokenLogprob
+from sidecar.runtime.generation import ShuttingDown
 
 log = logging.getLogger("sidecar.api")
 requests_log = structlog.get_logger("sidecar.request")
 
 RUNNING_THE_MODEL = "an error was encountered while running the model"
+POLL = 0.25  # how often a request waiting on the runtime looks whether its client is still there
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client closed its connection while the request waited on the runtime."""
 
 
 class Framing(Protocol):
@@ -52,8 +60,26 @@ class Framing(Protocol):
     def error(self, message: str) -> dict[str, Any]:
         """The chunk that ends a stream that failed after its first byte."""
 
-    def whole(self, content: str, tool_calls: list[dict[str, Any]], o: Outcome) -> web.Response:
-        """The answer to a request that did not stream (and to one that only loaded a model)."""
+    def whole(self, parts: list[Delta], o: Outcome) -> web.Response:
+        """The answer to a request that did not stream (its Deltas concatenated), or only loaded a model."""
+
+
+def logprobs_json(lps: tuple[Logprob, ...] | list[Logprob]) -> list[dict[str, Any]]:
+    """Ollama's api.Logprob list (the same objects OpenAI's logprobs.content holds)."""
+
+    def one(t: TokenLogprob) -> dict[str, Any]:
+        out: dict[str, Any] = {"token": t.token, "logprob": t.logprob}
+        if t.bytes:
+            out["bytes"] = list(t.bytes)
+        return out
+
+    return [{**one(lp.token), **({"top_logprobs": [one(t) for t in lp.top]} if lp.top else {})} for lp in lps]
+
+
+def joined(parts: list[Delta]) -> Delta:
+    """A whole answer's Deltas as one: texts concatenated, tool calls and logprobs gathered."""
+    return Delta("".join(d.content for d in parts), tuple(c for d in parts for c in d.tool_calls),
+                 "".join(d.thinking for d in parts), tuple(lp for d in parts for lp in d.logprobs))
 
 
 def api_error(e: BaseException, unknown: str = RUNNING_THE_MODEL) -> ApiError:
@@ -72,30 +98,72 @@ async def respond(request: web.Request, entry: PairEntry, job: Job, framing: Fra
     clock = metrics.TokenClock()  # started before queueing and loading: both count towards TTFT
     events = runtime_of(request).generate(entry, job)
     try:
-        first = await events.__anext__()
+        first = await _watched(request, events.__anext__())
+    except ClientGone:
+        return await _gone(request, entry, events, clock)
     except Exception as e:
-        raise api_error(e) from e
+        err = api_error(e)
+        log_request(request, entry, None, f"error {err.status}", clock)
+        raise err from e
     if isinstance(first, Outcome) and first.load_only:
-        return framing.whole("", [], first)
+        return framing.whole([], first)
     if not stream:
         return await _whole(request, entry, framing, events, first, clock)
     return await _stream(request, entry, framing, events, first, clock)
 
 
-async def _whole(request: web.Request, entry: PairEntry, framing: Framing, events: AsyncIterator[Delta | Outcome],
-                 ev: Delta | Outcome, clock: metrics.TokenClock) -> web.Response:
-    content: list[str] = []
-    calls: list[dict[str, Any]] = []
+async def _watched(request: web.Request, aw: Awaitable[T]) -> T:
+    """Await `aw`, giving up (ClientGone) as soon as the client disconnects.
+
+    aiohttp does not cancel a handler whose client left, and a request can wait long without
+    writing a byte (queued behind others, a model loading, a whole answer being generated), so
+    it looks for itself. Cancelling the wait closes the runtime's stream, which stops the worker
+    at its next step (or before it starts)."""
+    task = asyncio.ensure_future(aw)
     try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=POLL)
+            if done:
+                return task.result()
+            if client_gone(request):
+                raise ClientGone
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
+async def _gone(request: web.Request, entry: PairEntry, events: AsyncIterator[Delta | Outcome],
+                clock: metrics.TokenClock) -> web.StreamResponse:
+    log.info("client went away; generation stopped")
+    metrics.observe_client_disconnect(request, request.path, entry.name)
+    log_request(request, entry, None, "aborted", clock)
+    await events.aclose()  # type: ignore[attr-defined]
+    return web.Response(status=499)  # nobody is listening; nginx's "client closed request"
+
+
+async def _whole(request: web.Request, entry: PairEntry, framing: Framing, events: AsyncIterator[Delta | Outcome],
+                 ev: Delta | Outcome, clock: metrics.TokenClock) -> web.StreamResponse:
+    parts: list[Delta] = []
+
+    async def collect(ev: Delta | Outcome) -> Outcome:
         while isinstance(ev, Delta):
             clock.mark()
-            content.append(ev.content)
-            calls += ev.tool_calls
+            parts.append(ev)
             ev = await events.__anext__()
+        return ev
+
+    try:
+        outcome = await _watched(request, collect(ev))
+    except ClientGone:
+        return await _gone(request, entry, events, clock)
     except Exception as e:
-        raise api_error(e) from e
-    _finished(request, entry, ev, clock)
-    return framing.whole("".join(content), calls, ev)
+        err = api_error(e)
+        log_request(request, entry, None, f"error {err.status}", clock)
+        raise err from e
+    _finished(request, entry, outcome, clock)
+    return framing.whole(parts, outcome)
 
 
 async def _stream(request: web.Request, entry: PairEntry, framing: Framing, events: AsyncIterator[Delta | Outcome],
@@ -115,12 +183,12 @@ async def _stream(request: web.Request, entry: PairEntry, framing: Framing, even
         await resp.write(framing.end())
         _finished(request, entry, ev, clock)
     except (ConnectionResetError, ConnectionError):
-        log.info("client went away; generation stopped")
-        metrics.observe_client_disconnect(request, request.path, entry.name)
-        await events.aclose()  # the worker keeps going until the runtime's stream is closed
+        await _gone(request, entry, events, clock)
         return resp
     except Exception as e:  # after the first byte: one last error chunk, no normal ending
-        await resp.write(framing.encode(framing.error(_failed_mid_stream(e).message)))
+        err = _failed_mid_stream(e)
+        log_request(request, entry, None, f"error {err.status}", clock)
+        await resp.write(framing.encode(framing.error(err.message)))
     await resp.write_eof()
     return resp
 
@@ -136,13 +204,18 @@ def _failed_mid_stream(e: BaseException) -> ApiError:
 
 def _finished(request: web.Request, entry: PairEntry, o: Outcome, clock: metrics.TokenClock) -> None:
     """Account a completed generation: the request's log line and its metrics."""
-    log_request(request, entry, o, "ok")
-    metrics.set_model(request, entry.name)
+    log_request(request, entry, o, "ok", clock)
     metrics.observe_generation(request, entry.name, o.result, clock.ttft, clock.itl, clock.elapsed())
 
 
-def log_request(request: web.Request, entry: PairEntry, o: Outcome, status: str) -> None:
-    """The one summary line per request: what it cost and whether speculation paid."""
+def log_request(request: web.Request, entry: PairEntry, o: Outcome | None, status: str,
+                clock: metrics.TokenClock) -> None:
+    """The one summary line per generation request, whatever its end: what it cost and whether
+    speculation paid (ok), or how far it got (aborted, error)."""
+    if o is None:
+        requests_log.info("request", path=request.path, model=entry.name, status=status,
+                          pieces=len(clock.itl) + (clock.first is not None), seconds=round(clock.elapsed(), 3))
+        return
     r = o.result
     requests_log.info(
         "request", path=request.path, model=entry.name, status=status, done_reason=r.done_reason,

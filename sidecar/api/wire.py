@@ -96,14 +96,64 @@ async def read_body(request: web.Request) -> dict[str, Any]:
     except RecursionError:
         raise ApiError(400, "request body is nested too deeply") from None
     except json.JSONDecodeError as e:
-        raise ApiError(400, f"invalid JSON: {e.msg} at offset {e.pos}") from None
+        raise ApiError(400, _syntax_error(e)) from None
     if not isinstance(body, dict):
         raise ApiError(400, f"json: cannot unmarshal {json_kind(body)} into Go value of type api.Request")
     return body
 
 
 def _no_constant(name: str) -> Any:
-    raise json.JSONDecodeError(f"invalid character {name[0]!r} looking for beginning of value", name, 0)
+    raise json.JSONDecodeError("Expecting value", name, 0)  # NaN, Infinity: not JSON, as in Go
+
+
+# Python's decoder messages, as the context Go's scanner reports the same mistake in.
+_GO_CONTEXT = {
+    "Expecting value": "looking for beginning of value",
+    "Expecting property name enclosed in double quotes": "looking for beginning of object key string",
+    "Expecting ':' delimiter": "after object key",
+    "Expecting ',' delimiter": "after object key:value pair",
+    "Extra data": "after top-level value",
+    "Invalid control character at": "in string literal",
+    "Invalid \\escape": "in string escape code",
+}
+
+
+def _syntax_error(e: json.JSONDecodeError) -> str:
+    """encoding/json's SyntaxError text for a body Python could not decode."""
+    if e.pos >= len(e.doc) or e.msg.startswith("Unterminated string"):
+        return "unexpected EOF"
+    where = _GO_CONTEXT.get(e.msg, "looking for beginning of value")
+    if e.msg == "Expecting ',' delimiter" and _in_array(e.doc, e.pos):
+        where = "after array element"
+    char = e.doc[e.pos]
+    return f"invalid character {_go_quote_char(char)} {where}"
+
+
+def _in_array(doc: str, pos: int) -> bool:
+    """Whether the innermost open bracket before pos is an array's (strings skipped)."""
+    stack: list[str] = []
+    in_string = escaped = False
+    for c in doc[:pos]:
+        if in_string:
+            in_string = c != '"' or escaped
+            escaped = c == "\\" and not escaped
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            stack.append(c)
+        elif c in "]}" and stack:
+            stack.pop()
+    return bool(stack) and stack[-1] == "["
+
+
+def _go_quote_char(c: str) -> str:
+    """Go's quoteChar: 'x', with \\n, \\t and friends written as escapes."""
+    if c == "'":
+        return "'\\''"
+    if c == '"':
+        return "'\"'"
+    q = json.dumps(c)[1:-1]
+    return f"'{q}'"
 
 
 def client_gone(request: web.Request) -> bool:
@@ -118,8 +168,9 @@ _UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "
 
 def parse_duration(v: Any) -> float:
     """keep_alive: seconds as a number, or a Go duration string ("5m", "1h30m", "-1m", "0")."""
-    if isinstance(v, bool):
-        raise ApiError(400, "json: cannot unmarshal bool into Go struct field .keep_alive of type string")
+    if isinstance(v, bool | list | dict):  # api.Duration's UnmarshalJSON, naming Go's reflect type
+        go = {bool: "bool", list: "[]interface {}", dict: "map[string]interface {}"}[type(v)]
+        raise ApiError(400, f"Unsupported type: '{go}'")
     if isinstance(v, int | float):
         if not math.isfinite(v):
             raise ApiError(400, "invalid keep_alive")

@@ -47,9 +47,11 @@ class PairEntry:
         return [m.model_dump() for m in self.config.messages] or list(self.target.messages)
 
     def num_ctx(self, requested: int | None) -> int:
-        """The context length a request gets: asked for, else the pair's, within the model's training."""
+        """The context length a request gets: asked for, else the pair's, within the model's training.
+
+        Too small a window (0 included, which Ollama accepts) is raised to the minimum."""
         train = int(self.metadata.get(f"{self.metadata.get('general.architecture', '')}.context_length", 0) or 0)
-        n = requested or self.params.get("num_ctx") or DEFAULT_NUM_CTX
+        n = requested if requested is not None else self.params.get("num_ctx") or DEFAULT_NUM_CTX
         return max(MIN_NUM_CTX, min(n, train) if train else n)
 
 

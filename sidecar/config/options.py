@@ -114,8 +114,8 @@ class Options(BaseModel):
             raise OptionError('option "repeat_last_n" must be >= -1 (-1 = num_ctx, 0 = off)')
         if self.num_predict < -2:
             raise OptionError('option "num_predict" must be >= -2 (-1 = no limit, -2 = fill the context)')
-        if self.num_ctx is not None and not 1 <= self.num_ctx <= MAX_CTX:
-            raise OptionError(f'option "num_ctx" must be between 1 and {MAX_CTX}')
+        if self.num_ctx is not None and not 0 <= self.num_ctx <= MAX_CTX:
+            raise OptionError(f'option "num_ctx" must be between 0 and {MAX_CTX}')
         if self.draft_num_predict is not None and self.draft_num_predict < 0:
             raise OptionError('option "draft_num_predict" must be >= 0 (0 disables speculation)')
 

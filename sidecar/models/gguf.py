@@ -101,10 +101,11 @@ class Header:
 class _Reader:
     """A cursor over the mapped file; every read is bounds-checked so a corrupt header is a GGUFError."""
 
-    def __init__(self, buf: mmap.mmap, keep_strings: Collection[str]) -> None:
+    def __init__(self, buf: mmap.mmap, keep_strings: Collection[str], keep_arrays: bool = False) -> None:
         self.buf = buf
         self.pos = 0
         self.keep_strings = keep_strings
+        self.keep_arrays = keep_arrays
         self.strings: dict[str, StringArray] = {}
 
     def unpack(self, fmt: str | struct.Struct) -> Any:
@@ -115,6 +116,14 @@ class _Reader:
             raise GGUFError("truncated GGUF header") from None
         self.pos += s.size
         return value
+
+    def unpack_many(self, s: struct.Struct) -> tuple[Any, ...]:
+        try:
+            values = s.unpack_from(self.buf, self.pos)
+        except struct.error:
+            raise GGUFError("truncated GGUF header") from None
+        self.pos += s.size
+        return values
 
     def string(self) -> str:
         n = self.unpack(_U64)
@@ -155,8 +164,11 @@ class _Reader:
         etype, n = self.unpack(_U32), self.unpack(_U64)
         if etype == _STRING and key in self.keep_strings:
             self.strings[key] = self.kept_strings(n)
-        elif n <= ARRAY_KEEP:
+        elif n <= ARRAY_KEEP or (self.keep_arrays and etype == _STRING):
             return [self.value(etype) for _ in range(n)]
+        elif self.keep_arrays and etype in _SCALARS:
+            fmt = struct.Struct(f"<{n}{_SCALARS[etype][1]}")
+            return list(self.unpack_many(fmt))
         elif etype in _SCALARS:
             size = n * struct.calcsize(_SCALARS[etype])
             if size > len(self.buf) - self.pos:
@@ -170,8 +182,11 @@ class _Reader:
         return ArrayInfo(n)
 
 
-def read_header(path: str | Path, *, keep_strings: Collection[str] = (), tensors: bool = False) -> Header:
-    """The metadata, plus the tensor infos when `tensors`, plus the `keep_strings` arrays in full.
+def read_header(path: str | Path, *, keep_strings: Collection[str] = (), tensors: bool = False,
+                keep_arrays: bool = False) -> Header:
+    """The metadata, plus the tensor infos when `tensors`, plus the `keep_strings` arrays in full
+    (as StringArray), or with `keep_arrays` every array in full, as lists (what `ollama show
+    --verbose` prints).
 
     A kept array still appears in `metadata`, as an ArrayInfo, so key lookups do not depend on what
     was kept."""
@@ -183,7 +198,7 @@ def read_header(path: str | Path, *, keep_strings: Collection[str] = (), tensors
     try:
         if buf[:4] != b"GGUF":
             raise GGUFError(f"{path} is not a GGUF file")
-        r = _Reader(buf, keep_strings)
+        r = _Reader(buf, keep_strings, keep_arrays)
         r.pos = 4
         version = r.unpack(_U32)
         if version < 2:
@@ -208,5 +223,6 @@ def read_header(path: str | Path, *, keep_strings: Collection[str] = (), tensors
         buf.close()
 
 
-def read_metadata(path: str | Path) -> dict[str, Any]:
-    return read_header(path).metadata
+def read_metadata(path: str | Path, *, full: bool = False) -> dict[str, Any]:
+    """The key/value metadata; long arrays as ArrayInfo unless `full`."""
+    return read_header(path, keep_arrays=full).metadata

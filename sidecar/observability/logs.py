@@ -11,7 +11,10 @@ import structlog
 def setup_logging(level: int = logging.INFO) -> None:
     """Route stdlib logging (ours, aiohttp's, llama.cpp's) through one structlog renderer."""
     tty = sys.stderr.isatty()
-    renderer = structlog.dev.ConsoleRenderer(colors=True) if tty else structlog.processors.JSONRenderer()
+    # A JSON line gets the traceback as structured data (the console renderer prints it itself);
+    # without it an exception logs as the repr of a traceback object.
+    renderers = [structlog.dev.ConsoleRenderer(colors=True)] if tty else [
+        structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer()]
     shared = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -25,7 +28,7 @@ def setup_logging(level: int = logging.INFO) -> None:
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderers],
         foreign_pre_chain=shared,
     ))
     root = logging.getLogger()

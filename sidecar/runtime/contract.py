@@ -29,16 +29,25 @@ class Prompt:
     system: str | None = None  # completion: replaces the pair's SYSTEM
     template: str | None = None  # completion: replaces the pair's TEMPLATE
     context: tuple[int, ...] | None = None  # completion: token ids an earlier answer returned
+    suffix: str = ""  # completion: fill in the middle, between `text` and this
+    think: bool | str | None = None  # Ollama's `think`: None (the model's default), a bool, or a level
 
     @classmethod
-    def of_chat(cls, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> Prompt:
-        return cls(chat=True, messages=tuple(messages), tools=tuple(tools) if tools else None)
+    def of_chat(cls, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                think: bool | str | None = None) -> Prompt:
+        return cls(chat=True, messages=tuple(messages), tools=tuple(tools) if tools else None, think=think)
 
     @classmethod
     def of_completion(cls, text: str, *, raw: bool = False, system: str | None = None,
-                      template: str | None = None, context: list[int] | None = None) -> Prompt:
+                      template: str | None = None, context: list[int] | None = None, suffix: str = "",
+                      think: bool | str | None = None) -> Prompt:
         return cls(chat=False, text=text, raw=raw, system=system, template=template,
-                   context=tuple(context) if context is not None else None)
+                   context=tuple(context) if context is not None else None, suffix=suffix, think=think)
+
+    @property
+    def thinks(self) -> bool:
+        """Whether thinking is asked for (api.ThinkValue.Bool)."""
+        return self.think is True or isinstance(self.think, str)
 
 
 @dataclass(frozen=True)
@@ -50,14 +59,37 @@ class Job:
     format: str | dict[str, Any] | None = None  # Ollama's `format`: "json" or a JSON schema
     keep_alive: float | None = None  # seconds; None: the daemon's default; negative: forever
     load_only: bool = False  # Ollama's empty prompt: load the model (or, keep_alive 0, unload it)
+    truncate: bool = True  # fit the prompt to the context window (chat: drop the oldest messages)
+    shift: bool = True  # when generation fills the window, shift it instead of stopping
+    logprobs: int | None = None  # None: no logprobs; N: each token's, plus the N most likely alternatives
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token and the target's log probability of it (Ollama's api.TokenLogprob)."""
+
+    token: str
+    logprob: float
+    bytes: bytes
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """An emitted token's log probability and the most likely alternatives (Ollama's api.Logprob)."""
+
+    token: TokenLogprob
+    top: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
 class Delta:
-    """A piece of output, final: text to show, and tool calls completed by it (Ollama's shape)."""
+    """A piece of output, final: text to show, the model's thinking, tool calls completed by it
+    (Ollama's shape), and the log probabilities of the tokens that produced it."""
 
     content: str = ""
     tool_calls: tuple[dict[str, Any], ...] = ()
+    thinking: str = ""
+    logprobs: tuple[Logprob, ...] = ()
 
 
 @dataclass

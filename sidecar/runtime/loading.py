@@ -23,6 +23,7 @@ from sidecar.engine.decoder import Decoder
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from sidecar.engine.llama import Context, ContextParams, Weights, system_info
 from sidecar.engine.pairing import check_pair
+from sidecar.runtime import render
 from sidecar.runtime.registry import WeightsRegistry
 from sidecar.runtime.worker import Pool
 
@@ -98,6 +99,8 @@ def load_target(registry: WeightsRegistry, entry: PairEntry, key: str, n_ctx: in
 
 async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded) -> PairEngine:
     """Build the pair's drafter in every slot (each on its slot's thread) and measure the cost curve."""
+    for note in render.notes(entry):
+        log.warning("%s: %s", entry.name, note)
     d = entry.config.draft
     spec = entry.config.speculative.engine(ngram=isinstance(d, NgramDraft))
     draft_w: Weights | None = None

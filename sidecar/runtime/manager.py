@@ -17,29 +17,26 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 
 from sidecar.config.entries import Changes, PairEntry, same_engine, same_pair
 from sidecar.config.options import coerce
-from sidecar.engine.decoder import Request, Result
+from sidecar.engine.decoder import Result
 from sidecar.engine.grammar import gbnf_for_format
 from sidecar.errors import Unavailable
-from sidecar.runtime import render
+from sidecar.runtime import generation, render
 from sidecar.runtime.contract import Delta, Job, Outcome
-from sidecar.runtime.loading import Loaded, PairEngine, Slot, free_engine, load_pair, load_target, unload
+from sidecar.runtime.generation import ShuttingDown
+from sidecar.runtime.loading import Loaded, PairEngine, free_engine, load_pair, load_target, unload
 from sidecar.runtime.options import Effective, effective
 from sidecar.runtime.registry import WeightsRegistry
-from sidecar.runtime.worker import stream
 
 log = logging.getLogger("sidecar.runtime")
 
 
 class ServerBusy(Unavailable):
     pass
-
-
-class ShuttingDown(Unavailable):
-    """The daemon is stopping: no new work, and running generations were cut at the drain deadline."""
 
 
 class Runtime:
@@ -253,8 +250,9 @@ class Runtime:
         """Generation requests admitted and not finished (waiting or running)."""
         return self._pending
 
-    def _admit(self, entry: PairEntry, job: Job) -> tuple[Effective, str | None]:
-        """Everything that can be refused before any work: options, format, capabilities.
+    def _admit(self, entry: PairEntry, job: Job) -> tuple[Effective, str | None, Job]:
+        """Everything that can be refused before any work: options, format, capabilities; and the
+        job with `think` settled (render.admit).
 
         A bad `format` raises GrammarError, a bad option OptionError, a missing capability
         render.Unsupported: all ClientErrors, the client's 400."""
@@ -262,14 +260,14 @@ class Runtime:
             raise ShuttingDown("server shutting down")
         opts = effective(entry.params, coerce(job.options))
         grammar = gbnf_for_format(job.format)
-        render.check(entry, job.prompt)
-        return opts, grammar
+        prompt = render.admit(entry, job.prompt)
+        return opts, grammar, job if prompt is job.prompt else replace(job, prompt=prompt)
 
     async def render_only(self, entry: PairEntry, job: Job) -> str:
-        """The prompt text a job would run on (Ollama's `_debug_render_only`)."""
-        opts, _ = self._admit(entry, job)
+        """The prompt text a job would run on (Ollama's `_debug_render_only`), fitted to the window."""
+        opts, _, job = self._admit(entry, job)
         lm, _ = await self.load(entry, opts.num_ctx)
-        return render.render(entry, job.prompt, lm.weights)[0]
+        return await generation.render_text(entry, job, lm, opts)
 
     async def _load_only(self, entry: PairEntry, job: Job, opts: Effective) -> Outcome:
         """A job with an empty prompt: load the model (keeping it for keep_alive), or unload it."""
@@ -285,7 +283,7 @@ class Runtime:
 
         Raises what refuses the job (ClientErrors, ServerBusy) before the first item, and
         ShuttingDown when the drain deadline of a shutdown cut the generation short."""
-        opts, grammar = self._admit(entry, job)
+        opts, grammar, job = self._admit(entry, job)
         if job.load_only:
             yield await self._load_only(entry, job, opts)
             return
@@ -296,47 +294,8 @@ class Runtime:
             lm, load_seconds = await self.load(entry, opts.num_ctx)
             lm.in_flight += 1
             try:
-                text, before = render.render(entry, job.prompt, lm.weights)
-                parser = render.output_parser(entry, job.prompt)
-                pe = lm.pairs[entry.name]
-                speculate = opts.draft_num_predict != 0
-                n_max = opts.draft_num_predict or None
-                # Add BOS when the vocabulary wants it, unless the template already wrote it.
-                add_special = not lm.weights.starts_with_bos(text)
-
-                def produce(slot: Slot, cancelled: Callable[[], bool]) -> Iterator[str | Outcome]:
-                    tokens = list(before or []) + lm.weights.tokenize(
-                        text, add_special=add_special and not before, parse_special=True)
-                    req = Request(tokens, opts.sampling, opts.num_predict, opts.stop, speculate, n_max, grammar)
-
-                    def stop() -> bool:  # the client went away, or the shutdown's drain deadline passed
-                        return cancelled() or self.halt.is_set()
-
-                    for item in pe.decoders[slot.index].generate(req, stop):
-                        if isinstance(item, Result):
-                            yield Outcome(item, load_seconds, tokens + item.tokens)
-                        else:
-                            yield item
-
-                # Close the inner stream explicitly: an abandoned async generator is only finalised
-                # by the garbage collector, and until then the worker keeps generating.
-                items = stream(lm.pool, produce)
-                try:
-                    async for item in items:
-                        if isinstance(item, str):
-                            content, calls = parser.feed(item) if parser else (item, [])
-                            if content or calls:
-                                yield Delta(content, tuple(calls))
-                            continue
-                        if item.result.done_reason == "cancel" and self.halt.is_set():
-                            raise ShuttingDown("server shutting down")
-                        if parser is not None:
-                            content, calls = parser.flush()
-                            if content or calls:
-                                yield Delta(content, tuple(calls))
-                        yield item
-                finally:
-                    await items.aclose()
+                async for item in generation.run(entry, job, lm, opts, grammar, load_seconds, self.halt):
+                    yield item
             finally:
                 lm.in_flight -= 1
                 if self._loaded.get(lm.key) is lm:

@@ -24,6 +24,7 @@ class Effective:
     stop: list[str] = field(default_factory=list)
     num_ctx: int | None = None
     draft_num_predict: int | None = None
+    num_keep: int = 4  # tokens a truncated prompt or a context shift keeps at the start
 
 
 def effective(*layers: dict[str, Any]) -> Effective:
@@ -43,4 +44,5 @@ def effective(*layers: dict[str, Any]) -> Effective:
         stop=list(o.stop),
         num_ctx=o.num_ctx,
         draft_num_predict=o.draft_num_predict,
+        num_keep=o.num_keep,
     )

@@ -149,6 +149,8 @@ async def stream(pool: Pool[S], produce: Callable[[S, Callable[[], bool]], Itera
         handoff.notify()
 
     def job(slot: S) -> None:
+        if cancel.is_set():  # the consumer left while the job waited in the queue: not even a prefill
+            return
         try:
             for item in produce(slot, cancel.is_set):
                 put(item)

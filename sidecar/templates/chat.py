@@ -23,10 +23,14 @@ __all__ = ["FALLBACK_TEMPLATE", "ChatTemplate", "GoChatTemplate", "JinjaChatTemp
 FALLBACK_TEMPLATE = "{{- if .System }}{{ .System }}\n\n{{ end }}{{ .Prompt }}"
 
 
+Think = bool | str | None  # Ollama's `think`: unset, on/off, or a level ("low" ... "max")
+
+
 class ChatTemplate(Protocol):
     source: str
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str: ...
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+               think: Think = None) -> str: ...
 
 
 class GoChatTemplate:
@@ -34,8 +38,13 @@ class GoChatTemplate:
         self.source = source
         self._tmpl = GoTemplate(source)
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
-        return render_ollama(self._tmpl, messages, tools=tools or None)
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+               think: Think = None) -> str:
+        return render_ollama(self._tmpl, messages, tools=tools or None, think=think)
+
+    def render_fim(self, prompt: str, suffix: str, think: Think = None) -> str:
+        """Fill in the middle: the template gets `.Prompt` and `.Suffix`, no system, no messages."""
+        return render_ollama(self._tmpl, prompt=prompt, suffix=suffix, think=think)
 
 
 def _raise(message: str) -> None:
@@ -63,7 +72,15 @@ class JinjaChatTemplate:
             raise TemplateError(f"chat template: {e.message} (line {e.lineno})") from None
         self.bos_token, self.eos_token = bos_token, eos_token
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+               think: Think = None) -> str:
+        # What llama.cpp's server passes a thinking template (common/chat.cpp): `enable_thinking`,
+        # and for gpt-oss style templates `reasoning_effort` (low/medium/high; "max" is "high").
+        extra: dict[str, Any] = {}
+        if think is not None:
+            extra["enable_thinking"] = think is True or isinstance(think, str)
+            if isinstance(think, str):
+                extra["reasoning_effort"] = "high" if think == "max" else think
         try:
             return self._tmpl.render(
                 messages=messages,
@@ -71,6 +88,7 @@ class JinjaChatTemplate:
                 add_generation_prompt=True,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                **extra,
             )
         except jinja2.exceptions.TemplateError as e:
             raise TemplateError(f"chat template: {e}") from None

@@ -380,9 +380,9 @@ def _think_values(think: bool | str | None) -> tuple[bool, str, bool]:
         return False, "", False
     if isinstance(think, bool):
         return think, "medium" if think else "", True
-    if think in ("high", "medium", "low"):
+    if think in ("high", "medium", "low", "max"):
         return True, think, True
-    raise ValueError(f'invalid think value: {think!r} (must be "high", "medium", "low", true, or false)')
+    raise ValueError(f'invalid think value: {think!r} (must be "high", "medium", "low", "max", true, or false)')
 
 
 def render_ollama(
