@@ -2,6 +2,7 @@
 
 CostModel is built by hand (t_step[n] = seconds to verify n rows), so each test states the hardware
 it pretends to run on: a GPU-like flat curve, or a CPU-like one where rows cost nearly linearly.
+A plan here has one source (tests/test_hybrid.py has several).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from sidecar.engine import adaptive
-from sidecar.engine.adaptive import CostModel, Plan, SpeculativeConfig, expected_tokens
+from sidecar.engine.adaptive import CostModel, SpeculativeConfig, expected_tokens
 from sidecar.engine.drafters import Support
 from sidecar.engine.llama import Context, ContextParams, Weights
+from sidecar.engine.planner import Plan, Source
 
 INF = math.inf
 # Seconds to verify 1..9 rows. GPU: one pass costs about the same for any n.
@@ -35,7 +37,8 @@ def cost(t_step: Sequence[float], t_draft: float = 0.0) -> CostModel:
 
 def plan(t_step: Sequence[float], num_predict: int = -1, draft_has_cost: bool = False,
          t_draft: float = 0.0, **config: float) -> Plan:
-    return Plan.start(SpeculativeConfig(**config), cost(t_step, t_draft), draft_has_cost, num_predict)  # type: ignore[arg-type]
+    return Plan.start(SpeculativeConfig(**config), cost(t_step, t_draft), [Source(has_cost=draft_has_cost)],  # type: ignore[arg-type]
+                      num_predict)
 
 
 # -- expected tokens -------------------------------------------------------------------------------
@@ -162,12 +165,54 @@ def test_calibrate_times_steady_steps_and_what_a_batch_costs_them(monkeypatch: p
     assert model.t_switch == pytest.approx(2 * (3.0 - 1.0))
 
 
+class ShapeContext(GraphContext):
+    """A GPU's clock, with batches too: a batch of the previous decode's shape replays its graph
+    (1 + 0.1 s a row); any other batch costs 3.5 s."""
+
+    def __init__(self, clock: list[float]) -> None:
+        super().__init__(clock)
+        self.last = 0
+
+    def decode(self, tokens: Sequence[int]) -> None:
+        if len(tokens) > 1:
+            self.clock[0] += 1.0 + 0.1 * len(tokens) if len(tokens) == self.last else 3.5
+            self.singles = 0
+            self.tokens += list(tokens)
+        else:
+            super().decode(tokens)
+        self.last = len(tokens)
+
+
+def test_calibrate_times_a_batch_of_the_previous_shape_where_that_is_cheaper(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(adaptive.time, "perf_counter", lambda: clock[0])
+    gpu = CostModel(4)
+    gpu.calibrate(ShapeContext(clock), reps=2)  # type: ignore[arg-type]
+    assert gpu.t_step[1:] == pytest.approx([1.0, 3.5, 3.5, 3.5])
+    assert gpu.t_same[1:] == pytest.approx([1.0, 1.2, 1.3, 1.4])
+    cpu = CostModel(4)
+    cpu.calibrate(GraphContext(clock), reps=2)  # type: ignore[arg-type]
+    assert cpu.t_same == []  # no cheaper: the planner never pads
+
+
+def test_observe_step_keeps_same_shape_decodes_apart() -> None:
+    model = cost([1.0, 3.5, 3.5])
+    model.t_same = [0.0, 1.0, 1.5, 1.6]
+    model.observe_step(3, 2.6, same=True)
+    assert (model.t_same[3], model.t_step[3]) == (pytest.approx(1.8), 3.5)
+    model.observe_step(3, 4.5)
+    assert model.t_step[3] == pytest.approx(3.7)
+    cpu = cost([1.0, 1.5, 1.9])
+    cpu.observe_step(3, 2.9, same=True)  # nothing measured apart: one table
+    assert cpu.t_step[3] == pytest.approx(2.1) and cpu.t_same == []
+
+
 def test_on_a_gpu_starting_a_batch_must_repay_the_graph_it_interrupts() -> None:
     """A draft expected to yield 4.3 tokens for a 3.5-step batch pays while batches run anyway
     (after the prompt's prefill, or another batch), not once plain steps are at full speed again."""
     p = plan([1.0] + [3.5] * 8)
     p.cost.t_switch = 4.0
-    p.support = lambda: Support(key=1, prior=0.8)
+    p.sources[0].support = lambda: Support(key=1, prior=0.8)
     assert p.draft_length(0, INF, 100) == 8  # right after the prompt: the graph is cold anyway
     for produced in (1, 2):
         p.record(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=1.0, produced=produced)
@@ -255,19 +300,30 @@ def test_acceptance_evidence_brings_drafting_back() -> None:
 
 
 def test_record_switches_off_when_slower_than_plain_decoding() -> None:
-    """Realised speculative throughput below margin x plain rate: off for probe_interval tokens.
+    """Realised throughput of a costly draft below margin x plain rate: off for probe_interval tokens.
 
-    Here the model's estimate is wrong (drafting takes 2.5 steps a round that it does not know
-    of), so realised throughput is what switches it off; after the back-off it drafts again."""
-    p = plan(FLAT)  # fallback_rounds 8, margin 0.97, probe_interval 32
+    Here the model's estimate is wrong (drafting takes 2.5 steps a round that it did not expect), so
+    realised throughput is what switches it off; after the back-off it drafts again."""
+    p = plan(FLAT, draft_has_cost=True)  # fallback_rounds 8, margin 0.97, probe_interval 32
     for i in range(7):
         p.record(drafted=4, accepted=2, draft_seconds=2.5, verify_seconds=FLAT[4], produced=i + 1)
         assert p.fallback is None
     p.record(drafted=4, accepted=2, draft_seconds=2.5, verify_seconds=FLAT[4], produced=8)
     assert p.fallback is not None and p.fallback.startswith("slower than target-only")
-    assert "at acceptance" in p.fallback
+    assert "at acceptance 0.50" in p.fallback
     assert [p.draft_length(n, INF, 100) for n in (8, 20, 39)] == [0, 0, 0]
+    p.cost.t_draft = 0.0  # the slow rounds were a burst of load: drafting is as cheap as it was
     assert p.draft_length(40, INF, 100) > 0
+
+
+def test_a_free_source_is_not_switched_off_by_realised_throughput() -> None:
+    """Rounds of a free draft that lose are its class's evidence, not a verdict on the drafter: a
+    long match still drafts right after short ones failed."""
+    p = classed(plan(CPU), key=1, prior=0.5)
+    for i in range(16):
+        p.record(drafted=4, accepted=0, draft_seconds=0.0, verify_seconds=CPU[4], produced=i + 1)
+    assert p.fallback is None
+    assert classed(p, key=5, prior=0.95).draft_length(16, INF, 100) > 0
 
 
 def test_starting_to_draft_takes_a_margin_but_staying_on_does_not() -> None:
@@ -296,12 +352,12 @@ def test_evidence_carries_over_to_the_next_request() -> None:
     bad = plan(CPU, draft_has_cost=True, t_draft=0.3)
     for _ in range(10):
         bad.record(drafted=4, accepted=0, draft_seconds=1.2, verify_seconds=CPU[4], produced=0)
-    nxt = Plan.start(bad.config, bad.cost, True, -1)
+    nxt = Plan.start(bad.config, bad.cost, [Source(has_cost=True)], -1)
     assert [nxt.draft_length(i, INF, 100) for i in range(bad.config.probe_interval * 2)] == [0] * 64
     good = plan(FLAT, draft_has_cost=True, t_draft=0.01)
     for _ in range(10):
         good.record(drafted=8, accepted=8, draft_seconds=0.08, verify_seconds=FLAT[8], produced=0)
-    assert Plan.start(good.config, good.cost, True, -1).draft_length(0, INF, 100) == 8
+    assert Plan.start(good.config, good.cost, [Source(has_cost=True)], -1).draft_length(0, INF, 100) == 8
 
 
 def test_a_costly_probe_waits_until_the_budget_covers_it() -> None:
@@ -310,7 +366,7 @@ def test_a_costly_probe_waits_until_the_budget_covers_it() -> None:
     lag = 1000
     p = plan(LINEAR, draft_has_cost=True, t_draft=0.3, probe_interval=4, probe_budget=0.05)
     p.cost.t_catchup = 0.02
-    p.lag = lambda: lag
+    p.sources[0].lag = lambda: lag
     # probe = 1000 x 0.02 + 8 x 0.3 + (9 - 1) = 30.4 steps; 5% of the idle time: 608 idle steps.
     ks = [p.draft_length(i, INF, 100) for i in range(608)]
     assert ks.index(8) == 607 and sum(ks) == 8
@@ -326,10 +382,10 @@ def test_a_model_draft_starts_only_if_the_gain_repays_its_catch_up() -> None:
     prefill 1000 missed tokens (20 steps): worth it for 512 more tokens, not for 20."""
     p = plan(FLAT, draft_has_cost=True, t_draft=0.05)
     p.cost.t_catchup = 0.02
-    p.lag = lambda: 1000
+    p.sources[0].lag = lambda: 1000
     assert p.draft_length(0, 20, 100) == 0
     assert p.draft_length(0, INF, 100) > 0
-    p.lag = lambda: 1000  # once drafting, the catch-up is sunk: it does not stop it
+    p.sources[0].lag = lambda: 1000  # once drafting, the catch-up is sunk: it does not stop it
     assert p.draft_length(1, 20, 100) > 0
 
 
@@ -343,7 +399,7 @@ def test_a_free_drafter_is_never_probed() -> None:
 
 
 def classed(p: Plan, key: int, prior: float | None = None) -> Plan:
-    p.support = lambda: Support(key=key, prior=prior)
+    p.sources[0].support = lambda: Support(key=key, prior=prior)
     return p
 
 
@@ -370,7 +426,7 @@ def test_a_class_judged_not_to_pay_is_retried_in_time() -> None:
     first = classed(plan(CPU, fallback_rounds=1000), key=4, prior=0.9)
     first.draft_length(0, INF, 100)
     _record_rejections(first, 10, CPU)
-    later = [classed(Plan.start(first.config, first.cost, False, -1), key=4, prior=0.9) for _ in range(60)]
+    later = [classed(Plan.start(first.config, first.cost, [Source()], -1), key=4, prior=0.9) for _ in range(60)]
     assert later[0].draft_length(0, INF, 100) == 0
     assert later[-1].draft_length(0, INF, 100) > 0
 
@@ -387,7 +443,7 @@ def test_a_classed_drafter_that_drafted_reports_no_fallback() -> None:
 
 def test_nothing_to_propose_is_a_plain_step() -> None:
     p = plan(FLAT)
-    p.support = lambda: Support(ready=False)
+    p.sources[0].support = lambda: Support(ready=False)
     assert p.draft_length(0, INF, 100) == 0
 
 
@@ -396,7 +452,7 @@ def test_class_evidence_carries_over_to_the_next_request() -> None:
     first.draft_length(0, INF, 100)
     _record_rejections(first, 10, CPU)
     assert set(first.cost.evidence) == {2}
-    second = classed(Plan.start(first.config, first.cost, False, -1), key=2, prior=0.9)
+    second = classed(Plan.start(first.config, first.cost, [Source()], -1), key=2, prior=0.9)
     assert second.draft_length(0, INF, 100) == 0
     assert classed(second, key=3, prior=0.9).draft_length(0, INF, 100) > 0
 
@@ -443,3 +499,73 @@ def test_record_counters() -> None:
     assert p.accepted_per_pos == [2, 2, 1, 1, 1]
     # 7 accepted, 1 round with a rejection, prior 0.7 x weight 0.5
     assert p.acceptance == pytest.approx((7 + 0.35) / (7 + 1 + 0.5))
+
+
+# -- the classes a draft grows into (Support.along) -------------------------------------------
+
+
+def test_a_drafts_later_tokens_are_priced_at_the_classes_it_grows_into() -> None:
+    """A copy that holds becomes a longer match: with its first token at 0.8 and the rest at 0.99,
+    a long draft pays where one priced at 0.8 throughout would stay short."""
+    flat = classed(plan(CPU), key=1, prior=0.8)
+    assert flat.draft_length(0, INF, 100) == 2
+    longer = Support(key=6, prior=0.99)
+    grows = plan(CPU)
+    grows.sources[0].support = lambda: Support(key=1, prior=0.8, along=lambda j: Support(key=1, prior=0.8)
+                                               if j == 0 else longer)
+    assert grows.draft_length(0, INF, 100) == 8
+    grows.record(drafted=8, accepted=3, draft_seconds=0.0, verify_seconds=CPU[8], produced=0)
+    assert grows.cost.evidence == {1: [1.0, 0.0], 6: [2.0, 1.0]}  # each token to its own class
+
+
+# -- batch shapes (CostModel.t_same) -------------------------------------------------------------
+
+# An H200 with CUDA graphs (README, "On a GPU"), in ms: any batch after another shape costs about
+# 3.4, the same shape again far less.
+GPU_STEP = [1.33, 3.40, 3.40, 3.39, 3.42, 3.45, 3.47, 3.49, 3.50]
+GPU_SAME = [1.33, 1.38, 1.50, 1.64, 1.70, 1.76, 1.82, 1.86, 1.90]
+
+
+def gpu_plan() -> Plan:
+    p = plan(GPU_STEP, n_max=8)
+    p.cost.t_same = [0.0, *GPU_SAME]
+    return p
+
+
+def test_inside_a_stretch_a_draft_keeps_the_stretchs_shape() -> None:
+    """After a batch of 9 rows, 9 rows again cost 1.9 ms and any other batch 3.4: a free source then
+    drafts all 8 tokens whatever its class (the decoder pads a shorter proposal), and a model, whose
+    every token costs a step of its own, drafts a few and pads them to the shape."""
+    p = classed(gpu_plan(), key=5, prior=0.97)
+    assert p.draft_length(0, INF, 100) == 8 and p.rows == 9
+    p.record(drafted=8, accepted=8, draft_seconds=0.0, verify_seconds=3.5, produced=9)
+    classed(p, key=1, prior=0.6)
+    assert p.draft_length(9, INF, 100) == 8 and p.rows == 9
+    model = gpu_plan()
+    model.sources[0].has_cost = True
+    model.cost.t_draft = 0.2
+    model.record(drafted=8, accepted=3, draft_seconds=1.6, verify_seconds=3.5, produced=4)
+    k = model.draft_length(4, INF, 100)
+    assert 1 < k < 8 and model.rows == 9  # padded: 9 rows replayed cost less than k + 1 rows rebuilt
+    assert model.draft_length(4, INF, 5) < k and model.rows < 9  # no room to pad in the window
+
+
+def test_a_stretch_starts_at_the_shape_its_rounds_do_best_at() -> None:
+    """Out of a stretch every batch costs 3.4-3.5 ms, so the first round's own rate barely depends
+    on k; the shape is chosen by what the stretch's later rounds cost at it."""
+    p = classed(gpu_plan(), key=3, prior=0.9)
+    for i in range(3):
+        p.record(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=1.33, produced=i)
+    k = p.draft_length(3, INF, 100)
+    assert p.rows == k + 1
+    e = [expected_tokens(0.9, j) for j in range(9)]
+    assert k == max(range(1, 9), key=lambda j: e[j] / GPU_SAME[j])
+
+
+def test_on_a_cpu_a_draft_is_never_padded() -> None:
+    p = classed(plan(CPU), key=5, prior=0.97)
+    assert p.draft_length(0, INF, 100) > 2
+    p.record(drafted=p.rows - 1, accepted=p.rows - 1, draft_seconds=0.0, verify_seconds=CPU[p.rows - 1], produced=9)
+    classed(p, key=1, prior=0.8)
+    k = p.draft_length(9, INF, 100)
+    assert k and p.rows == k + 1

@@ -27,6 +27,13 @@ after a shift reads the cache exactly as plain steps do. Drafters only see the s
 
 Logprobs (engine.logprobs) come from the row that scored each emitted token, the verify batch's
 under speculation; they are computed only when asked for.
+
+A drafter is held as a hybrid.HybridDrafter (a lone one as a hybrid of one): the planner picks the
+source of each round's draft. Where a batch of the previous decode's shape costs less (a GPU's
+CUDA graphs, CostModel.t_same) the planner may ask for more rows than the draft fills: the rest are
+copies of the pending token, whose rows are never read and whose cache entries are rolled back with
+the rejected drafts, so they change nothing but the batch's shape. At the end the drafter is told
+of the finished request (`finish`), speculative or not, so a cross-request cache learns it.
 """
 
 from __future__ import annotations
@@ -34,15 +41,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 
 import numpy as np
 
-from sidecar.engine.adaptive import CostModel, Plan, SpeculativeConfig
+from sidecar.engine.adaptive import CostModel, SpeculativeConfig
 from sidecar.engine.drafters import Drafter, Proposal, common_prefix
 from sidecar.engine.grammar import Grammar
+from sidecar.engine.hybrid import HybridDrafter
 from sidecar.engine.llama import Context, ContextFull, EngineError
 from sidecar.engine.logprobs import Logprobs, TokenLogprob, token_logprob
+from sidecar.engine.planner import Plan
 from sidecar.engine.sampling import Sampler, SamplingParams
 from sidecar.engine.text import TextStream, Trigger
 from sidecar.engine.verify import verify_greedy, verify_rejection, verify_sample_and_match
@@ -71,6 +79,8 @@ class Result:
     draft_accepted_tokens: int = 0
     draft_rounds: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    # Per source of the drafter (its name, e.g. "ngram"): (tokens drafted, tokens accepted).
+    drafts_by_source: dict[str, tuple[int, int]] = field(default_factory=dict)
     fallback: str | None = None
     drafter: str | None = None
     prompt_truncated: int = 0  # prompt tokens dropped to fit the window (prompt_tokens counts the rest)
@@ -101,12 +111,12 @@ class Decoder:
     def __init__(
         self,
         target: Context,
-        drafter: Drafter | None = None,
+        drafter: Drafter | HybridDrafter | None = None,
         config: SpeculativeConfig | None = None,
         cost: CostModel | None = None,
     ) -> None:
         self.target = target
-        self.drafter = drafter
+        self.drafter = drafter if drafter is None or isinstance(drafter, HybridDrafter) else HybridDrafter([drafter])
         self.config = config or SpeculativeConfig()
         self.cost = cost or CostModel(self.config.n_max + 1)
 
@@ -156,19 +166,14 @@ class Decoder:
         config = self.config
         if req.n_max is not None:
             config = SpeculativeConfig(**{**config.__dict__, "n_max": min(config.n_max, req.n_max)})
-        plan = Plan.start(config, self.cost, drafter.has_cost if drafter else False, req.num_predict)
-        if drafter is None:
-            plan.enabled = False
-        else:
-            drafter.begin(sampler)
-            res.drafter = drafter.name
-        window = sampler.history_window
-        greedy = sampler.params.greedy
         tokens = list(prompt)  # committed and in the window; tokens[-1] is pending (not in the KV cache yet)
         history = list(prompt)  # committed, shifts or not: what the penalties look back over
         if drafter is not None:
-            plan.lag = partial(drafter.lag, tokens)
-            plan.support = partial(drafter.support, tokens)
+            drafter.begin(sampler)
+            res.drafter = drafter.name
+        plan = Plan.start(config, self.cost, drafter.plan_sources(tokens) if drafter else [], req.num_predict)
+        window = sampler.history_window
+        greedy = sampler.params.greedy
         out = res.tokens
         text = TextStream(req.stop)
         text_of = _renderer(weights.piece, weights.special_piece, req.preserve)
@@ -189,11 +194,14 @@ class Decoder:
             room = target.n_ctx - len(target.tokens) - 1
             live = grammar if trigger is None or trigger.fired else None
             k = plan.draft_length(len(out), limit - len(out), room)
-            proposal = drafter.propose(tokens, k, live) if k > 0 and drafter else Proposal()
+            proposal = drafter.propose(plan.source, tokens, k, live) if k > 0 and drafter else Proposal()
             draft = proposal.tokens[:k]
+            batch = [tokens[-1], *draft]
+            if draft and plan.rows > len(batch):  # the stretch's shape (see the module docstring)
+                batch += [tokens[-1]] * (plan.rows - len(batch))
             t_v = time.perf_counter()
             try:
-                logits = target.decode([tokens[-1], *draft])
+                logits = target.decode(batch)
             except ContextFull:
                 done = "length"
                 break
@@ -215,7 +223,7 @@ class Decoder:
                 states.close()
             target.truncate(len(tokens) + m)  # keep the pending token and the accepted drafts
             plan.record(len(draft), m, proposal.seconds, verify_seconds, len(out), proposal.step_seconds,
-                        proposal.caught_up)
+                        proposal.caught_up, len(batch))
             for row, tok in enumerate((*draft[:m], nxt)):
                 if weights.is_eog(tok):
                     done = "stop"
@@ -254,10 +262,13 @@ class Decoder:
         res.draft_accepted_tokens = plan.accepted_tokens
         res.draft_rounds = plan.rounds
         res.accepted_per_pos = list(plan.accepted_per_pos)
+        res.drafts_by_source = {name: (d, a) for name, (d, a) in plan.by_source.items()}
         res.fallback = plan.fallback if drafter else None
+        if self.drafter is not None:  # before the Result: a consumer may stop reading at it
+            self.drafter.finish(prompt, out, done)
         yield res
 
-    def _shift(self, req: Request, tokens: list[int], n_prompt: int, drafter: Drafter | None) -> bool:
+    def _shift(self, req: Request, tokens: list[int], n_prompt: int, drafter: HybridDrafter | None) -> bool:
         """Make room for the pending token as llama-server does; False when the request stops instead
         (shift off, num_predict -2 asks for one window, or the kept head leaves nothing to drop)."""
         target = self.target

@@ -11,15 +11,17 @@ guesses), so it never proposes a token the target must reject for grammar reason
 drafter ignores it; the verifier's masked p rejects whatever the grammar forbids.
 
 Within a request the context only grows, except at a context shift (engine.window): then `shift`
-tells the drafter which stretch the committed context is about to lose, before it loses it.
+tells the drafter which stretch the committed context is about to lose, before it loses it. A drafter
+that learns across requests (suffix.SuffixDrafter) is also a `Learner`: at the end of a generation
+it is handed the request's prompt and output.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -44,11 +46,17 @@ class Support:
     Acceptance is not one number per request: an n-gram draft that continues a 20-token verbatim
     match (copying a line of the prompt) is almost always right, one that continues a 2-token match
     rarely is. Drafts with the same `key` are expected to fare alike, so the planner keeps acceptance
-    evidence per key; `prior` is the acceptance to assume for a key with no evidence yet."""
+    evidence per key; `prior` is the acceptance to assume for a key with no evidence yet.
+
+    A draft's later tokens need not be of its first token's class: where classes measure a verbatim
+    match, each drafted token that holds makes the match one longer, so a copy that has held for a
+    while is priced as the long match it has become. `along(j)` is the class of the draft's token j
+    (j = 0: this one); None: every token is of this class."""
 
     key: int = 0
     prior: float | None = None  # None: the pair's acceptance_prior
     ready: bool = True  # False: the drafter has nothing to propose here
+    along: Callable[[int], Support] | None = field(default=None, compare=False)
 
 
 class Drafter(Protocol):
@@ -70,6 +78,25 @@ class Drafter(Protocol):
 
     def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
         """`context` (the committed tokens) is about to lose positions [keep, keep + discard)."""
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """A drafter that learns from finished requests."""
+
+    def finish(self, prompt: Sequence[int], output: Sequence[int], done_reason: str) -> None:
+        """A generation ended (decoder.Result's tokens and done_reason), speculative or not."""
+
+
+def match_support(match: int, cap: int) -> Support:
+    """The class of a draft continuing a verbatim match of `match` tokens (counted up to `cap`).
+
+    Class c holds matches of m = 2^c to 2m - 1 tokens. With no evidence yet, assume a match of the
+    class goes on with probability m / (m + 2): a short one is a coin toss at best. The draft's token
+    j continues a match j tokens longer."""
+    c = min(match, cap).bit_length() - 1
+    m = 1 << c
+    return Support(key=c, prior=m / (m + 2), along=lambda j: match_support(match + j, cap))
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -94,7 +121,7 @@ class NgramDrafter:
 
     How far the match really reaches back (up to `MATCH_CAP` tokens, beyond the n-gram that found it)
     is the drafter's evidence: a long verbatim stretch means the answer is copying, and a copy tends
-    to go on. `support` classes drafts by that length in powers of two."""
+    to go on. `support` classes drafts by that length in powers of two (`match_support`)."""
 
     name = "ngram"
     has_cost = False
@@ -142,13 +169,7 @@ class NgramDrafter:
 
     def support(self, context: Sequence[int]) -> Support:
         match, _ = self._lookup(context)
-        if match == 0:
-            return Support(ready=False)
-        # Class c holds matches of m = 2^c to 2m - 1 tokens. With no evidence yet, assume a match of
-        # the class goes on with probability m / (m + 2): a short one is a coin toss at best.
-        c = match.bit_length() - 1
-        m = 1 << c
-        return Support(key=c, prior=m / (m + 2))
+        return match_support(match, self.MATCH_CAP) if match else Support(ready=False)
 
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
         t0 = time.perf_counter()

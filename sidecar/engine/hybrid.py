@@ -1,0 +1,85 @@
+"""Several drafters behind one: each round drafts from the source the planner expects most of.
+
+A pair may draft from the request's own text (n-gram), from earlier requests' outputs (the suffix
+cache) and from a draft model. Which one pays changes from round to round: a long verbatim match is
+near-certain and costs nothing, a model draft costs its steps but guesses text never seen before.
+So the choice is not a fixed precedence but the planner's (engine.planner.Plan), which prices every
+source by its own support class and cost: the decoder hands it one planner.Source per source and
+proposes from the one it picks. Where a long match is near-certain the free source's expected gain
+is the larger, and the model's draft pass is skipped, the outcome of llama.cpp's rule (PR #22397:
+the draftless source first) reached by pricing.
+
+Support keys are unique by construction: source i's keys are offset by i * KEY_STRIDE, so the
+evidence kept per key (CostModel.evidence) never mixes two sources' classes. The decoder holds a
+lone drafter as a one-source hybrid, whose keys are the drafter's own.
+
+A model source's KV cache needs nothing here: ModelDrafter reuses the prefix it shares with the
+context and prefills what it missed, however many rounds it sat out; the planner prices that
+catch-up (the source's `lag`) as for a model drafting alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from functools import partial
+
+from sidecar.engine.drafters import Drafter, Learner, Proposal, Support
+from sidecar.engine.grammar import Grammar
+from sidecar.engine.planner import Source
+from sidecar.engine.sampling import Sampler
+
+KEY_STRIDE = 1000
+"""Keys per source; a drafter's own keys must lie in [0, KEY_STRIDE) (n-gram 0..6, suffix 110..162, model 0)."""
+
+
+def _offset(support: Support, offset: int, name: str) -> Support:
+    """`support` with its key, and those of its draft's later tokens, moved into its source's range."""
+    if not 0 <= support.key < KEY_STRIDE:
+        raise ValueError(f"the {name} drafter's support key {support.key} is not below {KEY_STRIDE}")
+    along = support.along
+    return replace(support, key=offset + support.key,
+                   along=None if along is None else lambda j: _offset(along(j), offset, name))
+
+
+class HybridDrafter:
+    """Drafters that take turns; the hybrid starts, shifts and finishes them all together."""
+
+    def __init__(self, sources: Sequence[Drafter]) -> None:
+        names = [s.name for s in sources]
+        if not names:
+            raise ValueError("a hybrid drafter needs at least one source")
+        if len(set(names)) < len(names):
+            raise ValueError(f"each source of a hybrid drafter needs its own name, not {names}")
+        if sum(s.has_cost for s in sources) > 1:
+            # The cost model times one draft model's steps and catch-up (CostModel.t_draft).
+            raise ValueError("a hybrid drafter takes at most one draft model")
+        self.sources = list(sources)
+        self.name = "+".join(names)
+        self.has_cost = any(s.has_cost for s in sources)
+
+    def plan_sources(self, context: Sequence[int]) -> list[Source]:
+        """The sources as the planner sees them, reading `context` (the committed tokens) as it grows."""
+        return [Source(s.name, s.has_cost, partial(self._support, i, context), partial(s.lag, context))
+                for i, s in enumerate(self.sources)]
+
+    def _support(self, i: int, context: Sequence[int]) -> Support:
+        support = self.sources[i].support(context)
+        return _offset(support, i * KEY_STRIDE, self.sources[i].name) if i else support
+
+    def begin(self, sampler: Sampler) -> None:
+        for s in self.sources:
+            s.begin(sampler)
+
+    def propose(self, source: int, context: Sequence[int], max_tokens: int, grammar: Grammar | None) -> Proposal:
+        return self.sources[source].propose(context, max_tokens, grammar)
+
+    def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
+        for s in self.sources:
+            s.shift(context, keep, discard)
+
+    def finish(self, prompt: Sequence[int], output: Sequence[int], done_reason: str) -> None:
+        """Hand a finished request to the sources that learn from it (drafters.Learner)."""
+        for s in self.sources:
+            if isinstance(s, Learner):
+                s.finish(prompt, output, done_reason)

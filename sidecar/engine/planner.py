@@ -1,0 +1,335 @@
+"""Per request and per round: whether to draft, from which source, how many tokens, at what shape.
+
+Each round drafts the k with the most expected tokens per second (engine.adaptive) from the source
+that offers the most: a pair may draft from several (hybrid.HybridDrafter), each priced by its own
+support classes and cost, so a near-certain free match skips the model's draft pass. If no draft
+beats plain decoding (k = 0, rate 1/t_step(1)) the round runs target-only.
+
+A draft's expected tokens take each drafted token at the acceptance of its own class: a verbatim
+match that holds grows into a longer one (Support.along), so a copy under way is priced as one.
+
+A costly (model) source's realised throughput is watched, and it is switched off when it falls
+behind the plain rate, for a back-off; a model draft that does not pay is probed now and then. A
+free source is judged class by class instead: by the acceptance evidence the planner prices it by.
+
+Where a batch of the last decode's shape costs less (CostModel.t_same: a GPU replaying a captured
+graph) a stretch of drafting keeps one shape: its first round picks the shape its rounds do best at,
+and later rounds pad a shorter draft up to it. On a CPU t_same is empty and nothing is padded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from sidecar.engine.adaptive import CostModel, SpeculativeConfig, expected_tokens
+from sidecar.engine.drafters import Support
+
+
+@dataclass
+class Source:
+    """A drafter as the planner sees it (one per source of a hybrid.HybridDrafter).
+
+    `support` gives the class of its next draft, keys unique across a plan's sources; `lag` the
+    tokens a costly source must prefill before drafting."""
+
+    name: str = "draft"
+    has_cost: bool = False
+    support: Callable[[], Support] = Support
+    lag: Callable[[], int] = lambda: 0
+
+
+@dataclass
+class Plan:
+    """Per-request speculation state: acceptance evidence, fallback, and the counters it reports.
+
+    `draft_length` decides each round; `source` (which source drafts) and `rows` (the batch to
+    decode: the pending token and the draft, padded to keep a stretch's shape) say how."""
+
+    config: SpeculativeConfig
+    cost: CostModel
+    sources: list[Source] = field(default_factory=list)
+    enabled: bool = True
+    fallback: str | None = None
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    rounds: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    by_source: dict[str, list[int]] = field(default_factory=dict)  # name -> [drafted, accepted]
+    source: int = 0
+    rows: int = 1
+    _evidence: dict[int, list[float]] = field(default_factory=dict)  # support key -> [accepted, rejected]
+    _support: Support = field(default_factory=Support)  # the class of the draft being decided
+    _last: tuple[int, int] | None = None  # (source, key) the last round drafted: staying on needs no margin
+    _spec_tokens: float = 0.0
+    _spec_seconds: float = 0.0
+    _spec_rounds: int = 0
+    _off_until: int = 0  # a costly source drafts again from this many tokens produced on
+    _backoff: int = 0
+    _idle: int = 0
+    _probing: bool = False
+    _since_batch: int = 0  # plain steps since the last batch (the prompt's prefill is one)
+    _prev_rows: int = 0  # rows of the last decode; 0: the prompt's prefill
+
+    @classmethod
+    def start(cls, config: SpeculativeConfig, cost: CostModel, sources: Sequence[Source], num_predict: int) -> Plan:
+        plan = cls(config, cost, list(sources), by_source={s.name: [0, 0] for s in sources})
+        plan._backoff = config.probe_interval
+        cost.age()
+        # A list: the pair's other slots may add a class while this one reads.
+        for key, (succ, fail) in list(cost.evidence.items()):
+            # Earlier requests' evidence, capped so this request's own rounds can still move it.
+            scale = min(1.0, 64.0 / (succ + fail)) if succ + fail > 0 else 1.0
+            plan._evidence[key] = [succ * scale, fail * scale]
+        # A model draft known not to pay (it has one class): probe late and rarely.
+        costly = plan._costly
+        if costly is not None:
+            support = plan.sources[costly].support()
+            if sum(cost.evidence.get(support.key, ())) >= 8 and not plan._best(costly, support, config.n_max, 0)[0]:
+                plan._backoff = config.probe_interval * 4
+        if not sources:
+            plan.enabled = False
+        elif 0 <= num_predict < config.min_predict:
+            plan.enabled = False
+            plan.fallback = f"short output: num_predict {num_predict} < {config.min_predict}"
+        return plan
+
+    @property
+    def _costly(self) -> int | None:
+        """The source whose drafts cost a model pass (hybrid.HybridDrafter allows one), if any."""
+        return next((i for i, s in enumerate(self.sources) if s.has_cost), None)
+
+    @property
+    def _warm(self) -> bool:
+        """Whether plain steps run at full speed again: two since the last batch (see t_switch)."""
+        return self._since_batch >= 2
+
+    @property
+    def acceptance(self) -> float:
+        """Per-position acceptance expected of the draft being decided (its support class)."""
+        return self._acceptance(self._support)
+
+    def _acceptance(self, s: Support) -> float:
+        c = self.config
+        succ, fail = self._evidence.get(s.key, (0.0, 0.0))
+        prior = c.acceptance_prior if s.prior is None else s.prior
+        return (succ + prior * c.prior_weight) / (succ + fail + c.prior_weight)
+
+    def _expected(self, support: Support, k_max: int) -> list[float]:
+        """Expected tokens of a round drafting k = 0..k_max tokens of this support class (Leviathan
+        et al.), each drafted token at the acceptance of its own class (Support.along)."""
+        if support.along is None:
+            a = self._acceptance(support)
+            return [expected_tokens(a, k) for k in range(k_max + 1)]
+        out, holds = [1.0], 1.0
+        for j in range(k_max):
+            holds *= self._acceptance(support.along(j))
+            out.append(out[-1] + holds)
+        return out
+
+    def _rows_cost(self, n: int) -> float:
+        """Seconds to decode n rows now: less when the last decode had that shape (CostModel.t_same)."""
+        same = self.cost.t_same
+        return same[n] if same and n == self._prev_rows else self.cost.t_step[n]
+
+    def _best(self, i: int, support: Support, k_cap: int, pad_cap: int) -> tuple[int, int, float, float]:
+        """Source i's best draft length and batch rows, the round's expected tokens per second and
+        the rate it is ranked by; k = 0 when no draft beats plain decoding.
+
+        Starting to draft takes a predicted gain of `min_gain`, staying on (the same source and
+        class as the last round) only beats plain: the estimates are noisy, and a pair right at
+        break-even must not flap into losses.
+
+        A batch of the last decode's shape may cost less (a GPU replays its graph, CUDA graphs):
+        then a round inside a stretch of batches may pad its draft up to that shape (at most
+        `pad_cap` drafted rows), and a stretch's first round picks the shape whose rounds do best
+        at the same-shape price, provided this round pays at its own. On a CPU shapes cost the same
+        and every round verifies its own draft."""
+        cost = self.cost
+        t, same = cost.t_step, cost.t_same
+        if t[1] <= 0:
+            return 0, 1, 0.0, 0.0
+        src = self.sources[i]
+        plain = 1.0 / t[1]
+        need = (1.0 if self._last == (i, support.key) else self.config.min_gain) * plain
+        t_d = cost.t_draft if src.has_cost else 0.0
+        switch = cost.t_switch if self._warm else 0.0  # a batch now costs the warm plain steps
+        stretch = self._prev_rows if same and self._since_batch == 0 and self._prev_rows > 1 else 0
+        best = (0, 1, 0.0, 0.0)
+        k_max = min(k_cap, len(t) - 2)
+        expected = self._expected(support, max(0, k_max))
+        for k in range(max(1, self.config.n_min), k_max + 1):
+            if t[k + 1] <= 0:
+                continue
+            e = expected[k]
+            for n in (k + 1, stretch) if stretch > k + 1 and stretch - 1 <= pad_cap else (k + 1,):
+                rate = e / (t_d * k + self._rows_cost(n) + switch)
+                if rate <= need:
+                    continue
+                # Inside a stretch the round's own price ranks; a stretch's first round sets its shape.
+                rank = rate if stretch or not same else e / (t_d * k + same[n])
+                if rank > best[3]:
+                    best = (k, n, rate, rank)
+        return best
+
+    def _probe_affordable(self, k: int) -> bool:
+        """Whether a probe of k tokens fits the probe budget of the target-only time since the last.
+
+        A probe that is rejected costs the wider verify batch (on a CPU, 9 rows cost ~4-5 steps),
+        the prefill of everything the draft missed (the whole prompt on a request's first probe)
+        and k draft steps. For a draft that does not pay, that is pure loss, so it waits for enough
+        plain steps that it stays within `probe_budget` of them."""
+        t = self.cost.t_step
+        lag = self.sources[self._costly].lag() if self._costly is not None else 0
+        probe = t[k + 1] - t[1] + self.cost.t_switch + lag * self.cost.t_catchup + k * self.cost.t_draft
+        return probe <= self.config.probe_budget * self._idle * t[1]
+
+    def draft_length(self, produced: int, remaining: float, room: int) -> int:
+        """How many tokens to draft this round, from `self.source`; 0 means a plain target step."""
+        c = self.config
+        self.rows = 1
+        if not self.enabled:
+            return 0
+        k_cap = int(min(c.n_max, remaining - 1, room, len(self.cost.t_step) - 2))
+        if k_cap < c.n_min:
+            return 0
+        supports = [s.support() if not s.has_cost or produced >= self._off_until else Support(ready=False)
+                    for s in self.sources]
+        ready = [i for i, s in enumerate(supports) if s.ready]
+        if not c.adaptive:  # llama.cpp's rule: the first source that has a draft, at full length
+            if not ready:
+                return 0
+            self.source, self._support, self.rows = ready[0], supports[ready[0]], k_cap + 1
+            return k_cap
+        if not ready:  # nothing to propose: a plain step
+            self._idle += 1
+            self._last, self._probing = None, False
+            return 0
+        chosen, k, best_rank = ready[0], 0, 0.0
+        for i in ready:  # the first of equals: the configured order
+            ki, rows, rate, rank = self._best(i, supports[i], k_cap, min(room, len(self.cost.t_step) - 2))
+            # A model draft must first prefill what it missed; starting pays only if the time the
+            # gain saves over the tokens still to come (at most `horizon`) covers that.
+            if ki and self.sources[i].has_cost and self._last != (i, supports[i].key):
+                saved = min(remaining, c.horizon) * (self.cost.t_step[1] - 1.0 / rate)
+                if saved < self.sources[i].lag() * self.cost.t_catchup:
+                    ki = 0
+            if ki and rank > best_rank:
+                chosen, k, self.rows, best_rank = i, ki, rows, rank
+        self.source, self._support = chosen, supports[chosen]
+        self._last = (chosen, self._support.key) if k else None
+        self._probing = False
+        if k:
+            self.fallback = None  # speculating again: `fallback` reports why it is off, if it is
+            return k
+        return self._nothing_pays(supports, k_cap)
+
+    def _nothing_pays(self, supports: list[Support], k_cap: int) -> int:
+        """No draft pays this round: say why, and probe a costly source now and then so new evidence
+        can arrive. A free source is not probed: its classes carry priors, so evidence arrives from
+        the classes that look worth drafting, and a probe would only buy a wider batch for a class
+        already expected to lose."""
+        costly = self._costly
+        probe = costly is not None and supports[costly].ready
+        # A free source that has drafted this request was not switched off: only this class of
+        # draft is skipped, so it reports no fallback.
+        if self.fallback is None and (probe or not self.rounds):
+            self.fallback = (
+                f"draft does not pay: acceptance {self._acceptance(supports[costly]):.2f}"  # type: ignore[index]
+                if self.rounds
+                else "verification too costly on this hardware"
+            )
+        self._idle += 1
+        if probe and self._idle >= self._backoff and self._probe_affordable(k_cap):
+            # Probe in full so one round is real evidence (a model drafter still stops early where
+            # its own confidence falls below p_min).
+            self._idle = 0
+            self._backoff *= 2
+            self._probing = True
+            self.source, self._support, self.rows = costly, supports[costly], k_cap + 1  # type: ignore[index]
+            return k_cap
+        return 0
+
+    def record(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, produced: int,
+               step_seconds: float | None = None, caught_up: int = 0, rows: int = 0) -> None:
+        """Account one round; drafted = 0 for a plain step. step_seconds: drafting without catch-up,
+        which prefilled `caught_up` tokens. rows: the batch decoded (drafted + 1 unless padded)."""
+        rows = rows or drafted + 1
+        warm = self._warm
+        same = rows == self._prev_rows
+        self._since_batch = self._since_batch + 1 if drafted == 0 else 0
+        self._prev_rows = rows
+        if drafted or warm:  # the plain steps just after a batch are t_switch's, not t_step[1]'s
+            self.cost.observe_step(rows, verify_seconds, same)
+        if step_seconds is not None:
+            self.cost.observe_catchup(caught_up, draft_seconds - step_seconds)
+        if drafted == 0:
+            if self._probing:  # the drafter had nothing to offer: probe again next round
+                self._idle = self._backoff
+                self._backoff //= 2
+            return
+        self._probing = False
+        src = self.sources[self.source]
+        self._learn(self._support, drafted, accepted)
+        self.rounds += 1
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        counts = self.by_source[src.name]
+        counts[0] += drafted
+        counts[1] += accepted
+        if len(self.accepted_per_pos) < drafted:
+            self.accepted_per_pos.extend([0] * (drafted - len(self.accepted_per_pos)))
+        for i in range(accepted):
+            self.accepted_per_pos[i] += 1
+        if not src.has_cost:
+            return
+        self._idle = 0  # evidence arrived: count plain steps before the next probe anew
+        draft = draft_seconds if step_seconds is None else step_seconds
+        self.cost.observe_draft(drafted, draft)
+        # A catch-up prefill is paid once, when drafting starts; whether to go on drafting must
+        # not count it (it would stop drafting just as the investment starts to pay).
+        self._judge(accepted + 1, draft + verify_seconds + (self.cost.t_switch if warm else 0.0), produced)
+
+    def _judge(self, tokens: int, seconds: float, produced: int) -> None:
+        """Watch a costly source's realised throughput and switch it off for a back-off when it falls
+        behind plain decoding: its price (draft steps, catch-up) is measured, not known.
+
+        Free sources are not judged so: their only price is the verify batch, which the cost model
+        tracks, and their acceptance is priced class by class; a whole-drafter verdict mixed classes
+        and switched a copying request's long matches off with its short ones."""
+        self._spec_rounds += 1
+        self._spec_tokens += tokens
+        self._spec_seconds += seconds
+        c = self.config
+        if not c.adaptive or self._spec_rounds < c.fallback_rounds or self.cost.t_step[1] <= 0:
+            return
+        realised = self._spec_tokens / self._spec_seconds
+        plain = 1.0 / self.cost.t_step[1]
+        if realised < c.fallback_margin * plain:
+            drafted, accepted = self.by_source[self.sources[self.source].name]
+            self.fallback = (f"slower than target-only: {realised:.1f} vs {plain:.1f} tok/s "
+                             f"at acceptance {accepted / drafted:.2f}")
+            self._off_until = produced + self._backoff
+            self._backoff *= 2
+        self._spec_rounds = 0
+        self._spec_tokens = 0.0
+        self._spec_seconds = 0.0
+
+    def _learn(self, support: Support, drafted: int, accepted: int) -> None:
+        """Evidence from a draft whose first `accepted` tokens held: for each token's class (see
+        Support.along) the tokens that held, and the one that did not, if one did not."""
+        if support.along is None:
+            parts = [(support.key, drafted, accepted)]
+        else:
+            parts = []
+            for j in range(min(drafted, accepted + 1)):  # the tokens whose fate is known
+                key = support.along(j).key
+                if not parts or parts[-1][0] != key:
+                    parts.append((key, 0, 0))
+                k, d, a = parts[-1]
+                parts[-1] = (k, d + 1, a + (j < accepted))
+        for key, d, a in parts:
+            self.cost.observe_acceptance(key, d, a)
+            ev = self._evidence.setdefault(key, [0.0, 0.0])
+            ev[0] += a
+            ev[1] += 1 if a < d else 0
