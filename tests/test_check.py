@@ -15,7 +15,7 @@ from sidecar.config.loader import load, load_file
 from sidecar.templates.chat import GoChatTemplate
 from tests.conftest import REPO
 from tests.models import write_tiny_llama, write_tiny_pair
-from tests.test_stores import add_ollama_model
+from tests.stores import add_ollama_model
 
 MODELFILES = sorted((REPO / "modelfiles").glob("*.yaml"))
 

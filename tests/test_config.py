@@ -308,3 +308,15 @@ def test_parse_names_its_source() -> None:
         parse("listen2: 1\n")
     with pytest.raises(ConfigError, match=r"^cfg\.yaml:1: listen2: unknown key$"):
         parse("listen2: 1\n", "cfg.yaml")
+
+
+def test_flash_attention_defaults_on_only_where_layers_sit_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sidecar.config import schema
+
+    monkeypatch.setattr(schema, "gpu_offload_supported", lambda: False)
+    assert not schema.LoadSettings().flash  # a CPU build keeps exact equality
+    assert schema.LoadSettings(flash_attn=True).flash  # unless asked for speed
+    monkeypatch.setattr(schema, "gpu_offload_supported", lambda: True)
+    assert schema.LoadSettings().flash
+    assert not schema.LoadSettings(num_gpu=0).flash  # a GPU build with the model on the CPU
+    assert not schema.LoadSettings(flash_attn=False).flash

@@ -17,7 +17,7 @@ import pytest
 from sidecar.cli import cmd_check
 from tests.conftest import Daemon, write_config
 from tests.models import write_tiny_llama
-from tests.test_stores import add_ollama_model
+from tests.stores import add_ollama_model
 
 T = 120
 CHAT = [{"role": "user", "content": "hi"}]

@@ -23,7 +23,7 @@ from sidecar.runtime.manager import Runtime
 from sidecar.runtime.reload import Reloader
 from tests.conftest import Daemon
 from tests.models import write_tiny_llama, write_tiny_pair
-from tests.test_stores import add_ollama_model
+from tests.stores import add_ollama_model
 
 TIMEOUT = 30.0  # generous: the machine running the suite may be busy
 # More tokens than loopback socket buffers hold (~2,600 NDJSON lines measured here): a client

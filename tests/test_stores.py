@@ -3,12 +3,10 @@ folders, plain paths, pkg: resources. Every GGUF here is a real (tiny) model lla
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -18,48 +16,9 @@ from sidecar.models.resolve import ModelNotFound, Stores, parse_ollama_name, res
 from sidecar.templates.chat import GoChatTemplate
 from tests.conftest import SMOLLM2_REF, Daemon
 from tests.models import write_tiny_llama
+from tests.stores import add_ollama_model
 
-MEDIA = "application/vnd.ollama.image."
 GO_TEMPLATE = "{{ if .System }}<<SYS>>{{ .System }}<</SYS>>{{ end }}{{ .Prompt }} =>"
-
-
-def _blob(root: Path, data: bytes) -> dict[str, Any]:
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    path = root / "blobs" / digest.replace(":", "-")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return {"digest": digest, "size": len(data)}
-
-
-def add_ollama_model(root: Path, manifest: str, gguf: Path | bytes, *, template: str | None = None,
-                     system: str | None = None, params: dict[str, Any] | None = None,
-                     messages: list[dict[str, str]] | None = None, extra: Sequence[tuple[str, bytes]] = (),
-                     config: dict[str, Any] | None = None) -> Path:
-    """Write a model into an Ollama store as `ollama pull` leaves it.
-
-    `manifest` is the path under manifests/ (host/namespace/model/tag), spelled out so these
-    tests do not lean on the name parser they test. `config` adds to the config blob (renderer,
-    parser, capabilities, model_family)."""
-    data = gguf if isinstance(gguf, bytes) else gguf.read_bytes()
-    layers = [{"mediaType": MEDIA + "model", **_blob(root, data)}]
-    if template is not None:
-        layers.append({"mediaType": MEDIA + "template", **_blob(root, template.encode())})
-    if system is not None:
-        layers.append({"mediaType": MEDIA + "system", **_blob(root, system.encode())})
-    if params is not None:
-        layers.append({"mediaType": MEDIA + "params", **_blob(root, json.dumps(params).encode())})
-    if messages is not None:
-        layers.append({"mediaType": MEDIA + "messages", **_blob(root, json.dumps(messages).encode())})
-    layers += [{"mediaType": MEDIA + kind, **_blob(root, body)} for kind, body in extra]
-    config = {"model_format": "gguf", "model_family": "llama", "file_type": "F32", **(config or {})}
-    doc = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-           "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
-                      **_blob(root, json.dumps(config).encode())},
-           "layers": layers}
-    path = root / "manifests" / manifest
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc))
-    return path
 
 
 @pytest.fixture(scope="module")

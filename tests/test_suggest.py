@@ -27,8 +27,9 @@ from sidecar.runtime.suggest import (
     spec_name,
     suggest,
 )
-from tests.derived import add_ollama_model, extend, inverted_draft
+from tests.derived import extend, inverted_draft
 from tests.models import write_tiny_llama
+from tests.stores import add_ollama_model
 
 TARGET, ALIGNED, FOREIGN = "smollm2:x180", "smollm2:135m", "tiny:latest"
 USELESS = "lmstudio:test/Inverted-GGUF/smollm2-inverted-trunc2.gguf"

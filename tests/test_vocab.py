@@ -28,9 +28,9 @@ from sidecar.models.vocab import (
     FileVocab,
     Fingerprint,
     VocabError,
-    cache_dir,
     read_vocab,
 )
+from sidecar.storage import cache_dir
 from tests.models import write_tiny_llama
 
 Patch = dict[str, Callable[..., Any]]
@@ -281,7 +281,7 @@ def test_failed_writes_leave_the_old_cache_and_raise_nothing(tmp_path: Path, mon
 
     def full(*_: Any, **__: Any) -> None:
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr("sidecar.models.vocab.json.dump", full)
+    monkeypatch.setattr("sidecar.storage.json.dump", full)
     cache.save()
     assert FileCache(path).get("k") == 1
     assert [p.name for p in tmp_path.iterdir()] == ["facts.json"]

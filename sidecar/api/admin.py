@@ -41,7 +41,7 @@ async def status(request: web.Request) -> web.Response:
 
 def _draft(entry: PairEntry) -> str | None:
     """The draft's file where it is a model, else how the pair names it (ngram, none)."""
-    return str(entry.draft.path) if entry.draft is not None else entry.config.draft_label
+    return str(entry.draft.path) if entry.draft is not None else entry.draft_label
 
 
 def pairs(rt: Runtime, errors: dict[str, str]) -> list[dict[str, Any]]:
@@ -53,6 +53,8 @@ def pairs(rt: Runtime, errors: dict[str, str]) -> list[dict[str, Any]]:
         "target": str(e.target.path),
         "draft": _draft(e),
         "capabilities": render.capabilities(e),
+        "auto": e.auto,
+        "chosen": e.chosen,  # `draft: auto` and `auto: true`: which draft, and why
         "notes": render.notes(e),  # what Ollama's manifest asks for that is served differently here
         "error": errors.get(e.name),
     } for e in rt.entries.values()]
@@ -71,6 +73,7 @@ def models(rt: Runtime) -> list[dict[str, Any]]:
             "parallel": len(lm.slots),
             "pairs": sorted(lm.pairs),
             "in_flight": lm.in_flight,
+            "cost_curve": lm.curve,  # cached, measured, or provisional (disturbed: online estimates take over)
             "expires_in": round(lm.expires_at - time.time(), 1) if lm.expires_at is not None else None,
         })
     return out

@@ -222,7 +222,7 @@ def log_request(request: web.Request, entry: PairEntry, o: Outcome | None, statu
         prompt_tokens=r.prompt_tokens, tokens=len(r.tokens),
         tok_s=round(len(r.tokens) / r.eval_seconds, 1) if r.eval_seconds > 0 else 0.0,
         drafter=r.drafter, draft_tokens=r.draft_tokens, draft_accepted_tokens=r.draft_accepted_tokens,
-        draft_rounds=r.draft_rounds,
+        draft_rounds=r.draft_rounds, draft_sources={k: list(v) for k, v in r.drafts_by_source.items()},
         acceptance=round(r.draft_accepted_tokens / r.draft_tokens, 3) if r.draft_tokens else None,
         fallback=r.fallback,
     )

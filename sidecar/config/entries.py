@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar.config.schema import Config, ModelDraft, Pair
+from sidecar.config.schema import Config, ModelDraft, NgramDraft, Pair
 from sidecar.models.gguf import read_metadata
 from sidecar.models.resolve import ResolvedModel, Stores, resolve
 
@@ -30,6 +30,24 @@ class PairEntry:
     draft: ResolvedModel | None
     metadata: dict[str, Any]
     modified: float
+    # The draft model the pair drafts with: the one it names, or for `draft: auto` the one
+    # runtime.auto chose (`chosen` says which and why).
+    model_draft: ModelDraft | None = None
+    chosen: str | None = None
+    auto: bool = False  # served by `auto: true` under the store model's own name
+    base: Path | None = None  # the config file's directory: relative paths in it start there
+
+    @property
+    def ngram(self) -> NgramDraft | None:
+        return self.config.ngram
+
+    @property
+    def draft_label(self) -> str | None:
+        """What the pair drafts with, as people name it: None, "ngram", a model, or "ngram + MODEL"."""
+        parts = ["ngram"] if self.ngram is not None else []
+        if self.model_draft is not None:
+            parts.append(self.model_draft.from_)
+        return " + ".join(parts) or None
 
     @property
     def params(self) -> dict[str, Any]:
@@ -55,10 +73,14 @@ class PairEntry:
         return max(MIN_NUM_CTX, min(n, train) if train else n)
 
 
-def build_entry(name: str, pair: Pair, base: Path | None = None, stores: Stores | None = None) -> PairEntry:
+def build_entry(name: str, pair: Pair, base: Path | None = None, stores: Stores | None = None,
+                model_draft: ModelDraft | None = None, chosen: str | None = None, auto: bool = False) -> PairEntry:
+    """Resolve a pair's models; `model_draft` stands in for the one the pair names (`draft: auto`)."""
     target = resolve(pair.from_, base=base, stores=stores)
-    draft = resolve(pair.draft.from_, base=base, stores=stores) if isinstance(pair.draft, ModelDraft) else None
-    return PairEntry(name, pair, target, draft, read_metadata(target.path), target.path.stat().st_mtime)
+    model_draft = model_draft or pair.model_draft
+    draft = resolve(model_draft.from_, base=base, stores=stores) if model_draft is not None else None
+    return PairEntry(name, pair, target, draft, read_metadata(target.path), target.path.stat().st_mtime,
+                     model_draft, chosen, auto, base)
 
 
 def build_entries(config: Config, base: Path, stores: Stores | None = None
@@ -77,7 +99,7 @@ def build_entries(config: Config, base: Path, stores: Stores | None = None
 def same_pair(a: PairEntry, b: PairEntry) -> bool:
     """The same declaration resolving to the same files and store metadata: nothing to do."""
     return (a.name == b.name and a.config == b.config and a.target == b.target and a.draft == b.draft
-            and a.modified == b.modified)
+            and a.modified == b.modified and a.model_draft == b.model_draft)
 
 
 def same_engine(a: PairEntry, b: PairEntry) -> bool:
@@ -88,7 +110,8 @@ def same_engine(a: PairEntry, b: PairEntry) -> bool:
     ca, cb = a.config, b.config
     return (a.name == b.name and a.target.path == b.target.path and a.modified == b.modified
             and (a.draft.path if a.draft else None) == (b.draft.path if b.draft else None)
-            and ca.draft == cb.draft and ca.speculative == cb.speculative and ca.runtime == cb.runtime)
+            and a.model_draft == b.model_draft and ca.ngram == cb.ngram and ca.speculative == cb.speculative
+            and ca.runtime == cb.runtime)
 
 
 @dataclass

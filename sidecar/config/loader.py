@@ -102,6 +102,8 @@ class Prepared:
 
     config: Config
     hash: str
+    stores: Stores
+    base: Path  # what relative paths in the file are relative to
     entries: dict[str, PairEntry] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # pair name -> why it could not be resolved
 
@@ -156,7 +158,7 @@ def prepare(data: bytes, path: Path) -> Prepared:
     config = parse(text, str(path))
     stores = stores_of(config, text, path)
     entries, errors = build_entries(config, path.parent, stores)
-    return Prepared(config, config_hash(data), entries, errors)
+    return Prepared(config, config_hash(data), stores, path.parent, entries, errors)
 
 
 def load_file(path: Path) -> Prepared:

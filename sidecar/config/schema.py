@@ -23,6 +23,7 @@ from pydantic import (
 
 from sidecar.config.options import OptionError, Options
 from sidecar.engine.adaptive import NGRAM_N_MAX, SpeculativeConfig
+from sidecar.engine.llama import gpu_offload_supported
 
 UpstreamKind = Literal["auto", "ollama", "lmstudio"]
 """What the upstream is: `auto` asks it (Ollama answers /api/version), or either by name."""
@@ -71,6 +72,17 @@ class Speculative(Strict):
     min_gain: float = Field(SpeculativeConfig.min_gain, ge=1.0, le=2.0)
     horizon: int = Field(SpeculativeConfig.horizon, ge=1)
     adaptive: bool = SpeculativeConfig.adaptive
+    # The cross-request suffix cache that drafts beside the n-gram drafter: one per pair, one per
+    # vocabulary shared by every pair on it (`global`), or none. Output never changes; speed does,
+    # which on a shared daemon tells a client whether others asked the same (README).
+    cache: Literal["pair", "global", "off"] = "pair"
+    cache_tokens: int = Field(2_000_000, ge=1024)  # memory bound: tokens kept, oldest requests evicted first
+    cache_file: str | None = None  # persist the cache there across restarts (relative to pairs.yaml)
+
+    @field_validator("cache", mode="before")
+    @classmethod
+    def _off(cls, v: Any) -> Any:
+        return "off" if v is False else v  # YAML reads a bare `off` as false
 
     @model_validator(mode="after")
     def _order(self) -> Speculative:
@@ -79,7 +91,7 @@ class Speculative(Strict):
         return self
 
     def engine(self, ngram: bool = False) -> SpeculativeConfig:
-        settings = self.model_dump()
+        settings = self.model_dump(exclude={"cache", "cache_tokens", "cache_file"})
         if settings["n_max"] is None:
             settings["n_max"] = NGRAM_N_MAX if ngram else SpeculativeConfig.n_max
         return SpeculativeConfig(**settings)
@@ -91,8 +103,17 @@ class LoadSettings(Strict):
     num_gpu: int = -1  # layers to offload; -1 = all, where llama.cpp was built with a GPU backend
     num_thread: int = Field(0, ge=0)  # 0 = every CPU the process may use
     num_batch: int = Field(512, ge=16, le=8192)
-    flash_attn: bool = False
+    # None: on where the model's layers go to a GPU (no batch invariance to keep there, and prefill
+    # is faster), off on a CPU, where it breaks exact equality with more than one thread (README).
+    flash_attn: bool | None = None
     kv_cache_type: Literal["f16", "q8_0", "q4_0"] = "f16"
+
+    @property
+    def flash(self) -> bool:
+        """The flash-attention setting a context is created with."""
+        if self.flash_attn is not None:
+            return self.flash_attn
+        return self.num_gpu != 0 and gpu_offload_supported()
 
 
 class Runtime(LoadSettings):
@@ -120,15 +141,44 @@ class ModelDraft(LoadSettings):
     from_: str = Field(alias="from", min_length=1)
 
 
+class AutoDraft(Strict):
+    """`draft: auto`: the n-gram drafter plus the best draft model the stores hold for the target,
+    chosen at load and again at reload (runtime.auto); the n-gram drafter alone when none fits."""
+
+    type: Literal["auto"]
+
+
+class HybridDraft(Strict):
+    """`draft: [ngram, MODEL]`: several sources; each round drafts from the one with the most
+    expected gain (a long n-gram match skips the model's draft pass)."""
+
+    type: Literal["hybrid"]
+    ngram: NgramDraft
+    model: ModelDraft
+
+
 def _draft_kind(v: Any) -> str:
     if isinstance(v, dict):
-        return "ngram" if v.get("type") == "ngram" else "model"
-    return "ngram" if isinstance(v, NgramDraft) else "model"
+        return v.get("type") if v.get("type") in ("ngram", "auto", "hybrid") else "model"
+    return {NgramDraft: "ngram", AutoDraft: "auto", HybridDraft: "hybrid"}.get(type(v), "model")
 
 
 Draft = Annotated[
-    Annotated[NgramDraft, Tag("ngram")] | Annotated[ModelDraft, Tag("model")], Discriminator(_draft_kind)
+    Annotated[NgramDraft, Tag("ngram")] | Annotated[ModelDraft, Tag("model")] | Annotated[AutoDraft, Tag("auto")]
+    | Annotated[HybridDraft, Tag("hybrid")],
+    Discriminator(_draft_kind),
 ]
+
+
+def _one_draft(v: Any) -> Any:
+    """The shorthands: `ngram`, `auto`, a model reference (a string), or a mapping."""
+    if v == "ngram":
+        return {"type": "ngram"}
+    if v == "auto":
+        return {"type": "auto"}
+    if isinstance(v, str):
+        return {"from": v}
+    return v
 
 
 class Message(Strict):
@@ -148,27 +198,52 @@ class Pair(Strict):
     adapter: Any = None
 
     @property
+    def ngram(self) -> NgramDraft | None:
+        """The n-gram source, if the pair drafts from one (`auto` always does)."""
+        d = self.draft
+        if isinstance(d, NgramDraft):
+            return d
+        if isinstance(d, HybridDraft):
+            return d.ngram
+        return NgramDraft(type="ngram") if isinstance(d, AutoDraft) else None
+
+    @property
+    def model_draft(self) -> ModelDraft | None:
+        """The draft model the pair names (an `auto` pair's is chosen later)."""
+        d = self.draft
+        return d if isinstance(d, ModelDraft) else d.model if isinstance(d, HybridDraft) else None
+
+    @property
     def draft_label(self) -> str | None:
-        """The draft as people name it: None, "ngram", or its model reference."""
-        if self.draft is None:
+        """The draft as people name it: None, "ngram", "auto", a model reference, or "ngram + REF"."""
+        d = self.draft
+        if d is None:
             return None
-        return "ngram" if isinstance(self.draft, NgramDraft) else self.draft.from_
+        if isinstance(d, NgramDraft | AutoDraft):
+            return d.type
+        if isinstance(d, HybridDraft):
+            return f"ngram + {d.model.from_}"
+        return d.from_
 
     @field_validator("draft", mode="before")
     @classmethod
     def _draft_shorthand(cls, v: Any) -> Any:
         if v is None or v == "none":
             return None
-        if v == "ngram":
-            return {"type": "ngram"}
-        if isinstance(v, str):
-            return {"from": v}
-        return v
+        if isinstance(v, list):
+            items = [_one_draft(x) for x in v]
+            kinds = [_draft_kind(x) for x in items]
+            if len(items) == 1:
+                return items[0]
+            if sorted(kinds) != ["model", "ngram"]:
+                raise ValueError("a list of drafts holds one n-gram drafter and one draft model, e.g. [ngram, MODEL]")
+            return {"type": "hybrid", "ngram": items[kinds.index("ngram")], "model": items[kinds.index("model")]}
+        return _one_draft(v)
 
     @model_validator(mode="after")
     def _n_min_fits_the_default_n_max(self) -> Pair:
         """Speculative checks an explicit n_max; without one, the default depends on the draft."""
-        n_max = self.speculative.engine(ngram=isinstance(self.draft, NgramDraft)).n_max
+        n_max = self.speculative.engine(ngram=self.ngram is not None).n_max
         if self.speculative.n_max is None and self.speculative.n_min > n_max:
             raise ValueError(f"speculative.n_min {self.speculative.n_min} exceeds the default n_max {n_max}: set n_max")
         return self
@@ -197,4 +272,6 @@ class Config(Strict):
     listen: str | None = None
     drain_timeout: float | None = Field(None, ge=0)  # seconds streams may finish on SIGTERM (read at start)
     models: dict[str, str] = Field(default_factory=dict)  # store locations: ollama, lmstudio
+    # Serve, under its own name, every store model with a draft predicted to pay (runtime.auto).
+    auto: bool = False
 

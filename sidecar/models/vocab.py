@@ -15,12 +15,9 @@ small enough to cache for every model (`FileCache`), so a rescan reads no token 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
 import re
 import struct
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +25,7 @@ from typing import Any
 
 from sidecar.engine.pairing import VOCAB_CHECK_START_TOKEN_ID, VOCAB_MAX_SIZE_DIFFERENCE, compared_ids
 from sidecar.models.gguf import Header, StringArray, read_header
+from sidecar.storage import cache_dir, read_json, write_json
 
 log = logging.getLogger("sidecar.models")
 
@@ -231,13 +229,6 @@ CACHE_FORMAT = "spec-sidecar/gguf-facts"
 CACHE_VERSION = 1
 
 
-def cache_dir() -> Path:
-    """$XDG_CACHE_HOME/spec-sidecar, or ~/.cache/spec-sidecar (the XDG spec ignores a relative value)."""
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return base / "spec-sidecar"
-
-
 class FileCache:
     """Facts derived from GGUF files, keyed by what fixes a file's content, kept as one JSON file.
 
@@ -255,10 +246,7 @@ class FileCache:
         self.hits = self.misses = 0
 
     def _load(self) -> dict[str, Any]:
-        try:
-            doc = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
+        doc = read_json(self.path)
         ok = isinstance(doc, dict) and doc.get("format") == CACHE_FORMAT and doc.get("version") == CACHE_VERSION
         entries = doc.get("entries") if ok else None
         return entries if isinstance(entries, dict) else {}
@@ -295,17 +283,5 @@ class FileCache:
         if not self._dirty:
             return
         doc = {"format": CACHE_FORMAT, "version": CACHE_VERSION, "entries": self._entries}
-        tmp: str | None = None
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".gguf-facts-", suffix=".tmp", dir=self.path.parent)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(doc, f, separators=(",", ":"))
-            os.replace(tmp, self.path)
-            tmp = None
+        if write_json(self.path, doc):
             self._dirty = False
-        except OSError as e:
-            log.warning("could not write the model cache %s: %s", self.path, e)
-        finally:
-            if tmp is not None:
-                Path(tmp).unlink(missing_ok=True)

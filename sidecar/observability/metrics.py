@@ -64,6 +64,7 @@ class GenerationResult(Protocol):
     draft_accepted_tokens: int
     draft_rounds: int
     accepted_per_pos: list[int]
+    drafts_by_source: dict[str, tuple[int, int]]  # source name -> (drafted, accepted)
     fallback: str | None
 
 
@@ -177,6 +178,12 @@ class Metrics:
         self.accepted_per_pos = Counter(f"{PREFIX}_spec_decode_num_accepted_tokens_per_pos",
                                         "Accepted drafted tokens by position in the draft (0 = first).",
                                         ["model", "position"], registry=r)
+        self.source_draft_tokens = Counter(f"{PREFIX}_spec_decode_source_draft_tokens",
+                                           "Tokens drafted, by draft source (ngram, suffix, model).",
+                                           ["model", "source"], registry=r)
+        self.source_accepted_tokens = Counter(f"{PREFIX}_spec_decode_source_accepted_tokens",
+                                              "Drafted tokens the target accepted, by draft source.",
+                                              ["model", "source"], registry=r)
         self.fallbacks = Counter(f"{PREFIX}_spec_decode_fallbacks",
                                  "Requests in which speculation switched itself off, by reason kind.",
                                  ["model", "reason"], registry=r)
@@ -226,6 +233,10 @@ class Metrics:
             for pos, n in enumerate(result.accepted_per_pos):
                 if n:
                     self.accepted_per_pos.labels(m, str(pos)).inc(n)
+        for source, (drafted, accepted) in result.drafts_by_source.items():
+            if drafted:
+                self.source_draft_tokens.labels(m, self._kind(source)).inc(drafted)
+                self.source_accepted_tokens.labels(m, self._kind(source)).inc(accepted)
         if result.fallback:
             self.fallbacks.labels(m, self._kind(fallback_kind(result.fallback))).inc()
 

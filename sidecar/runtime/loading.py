@@ -12,18 +12,21 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sidecar.config.entries import PairEntry
-from sidecar.config.schema import ModelDraft, NgramDraft
+from sidecar.config.schema import ModelDraft
 from sidecar.engine.adaptive import CostModel, SpeculativeConfig
 from sidecar.engine.decoder import Decoder
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
+from sidecar.engine.hybrid import HybridDrafter
 from sidecar.engine.llama import Context, ContextParams, Weights, system_info
 from sidecar.engine.pairing import check_pair
+from sidecar.engine.suffix import SuffixDrafter
 from sidecar.runtime import render
+from sidecar.runtime.caches import SuffixCaches
+from sidecar.runtime.curves import CurveCache, curve_key
 from sidecar.runtime.registry import WeightsRegistry
 from sidecar.runtime.worker import Pool
 
@@ -63,6 +66,7 @@ class Loaded:
     in_flight: int = 0
     timer: asyncio.TimerHandle | None = None
     calibrated: CostModel | None = None
+    curve: str | None = None  # where the verify curve came from: cached, measured, provisional
 
     @property
     def n_ctx(self) -> int:
@@ -86,7 +90,7 @@ def load_target(registry: WeightsRegistry, entry: PairEntry, key: str, n_ctx: in
     try:
         for i in range(n_slots):
             slots.append(Slot(i, Context(weights, ContextParams(
-                n_ctx=n_ctx, n_batch=min(rt.num_batch, n_ctx), n_threads=rt.num_thread, flash_attn=rt.flash_attn,
+                n_ctx=n_ctx, n_batch=min(rt.num_batch, n_ctx), n_threads=rt.num_thread, flash_attn=rt.flash,
                 type_k=KV_TYPES[rt.kv_cache_type], type_v=KV_TYPES[rt.kv_cache_type],
             ))))
     except Exception:
@@ -97,32 +101,41 @@ def load_target(registry: WeightsRegistry, entry: PairEntry, key: str, n_ctx: in
     return Loaded(key, weights, slots, Pool(entry.name, slots))
 
 
-async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded) -> PairEngine:
-    """Build the pair's drafter in every slot (each on its slot's thread) and measure the cost curve."""
+async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded, caches: SuffixCaches,
+                    curves: CurveCache) -> PairEngine:
+    """Build the pair's drafters in every slot (each on its slot's thread) and measure the cost curve.
+
+    The sources: the n-gram drafter, the cross-request suffix cache beside it, and a draft model;
+    with more than one, each round drafts from the one the planner expects most of (engine.hybrid)."""
     for note in render.notes(entry):
         log.warning("%s: %s", entry.name, note)
-    d = entry.config.draft
-    spec = entry.config.speculative.engine(ngram=isinstance(d, NgramDraft))
+    if entry.chosen:
+        log.info("%s: %s", entry.name, entry.chosen)
+    ngram, d = entry.ngram, entry.model_draft
+    spec = entry.config.speculative.engine(ngram=ngram is not None)
     draft_w: Weights | None = None
-    if isinstance(d, ModelDraft) and entry.draft is not None:
+    if d is not None and entry.draft is not None:
         draft_w = await asyncio.to_thread(_acquire_draft, registry, entry.draft.path, d, lm)
+    suffix = await asyncio.to_thread(caches.for_pair, entry, lm.weights) if ngram is not None else None
     made: list[Context] = []  # draft contexts created so far, to free if another slot fails
 
-    def build(slot: Slot) -> tuple[Drafter | None, CostModel | None]:
-        drafter: Drafter | None = None
+    def build(slot: Slot) -> tuple[list[Drafter], Context | None, CostModel | None]:
+        sources: list[Drafter] = []
         draft_ctx = None
-        if isinstance(d, NgramDraft):
-            drafter = NgramDrafter(d.min_n, d.max_n)
-        elif draft_w is not None and isinstance(d, ModelDraft):
+        if ngram is not None:
+            sources.append(NgramDrafter(ngram.min_n, ngram.max_n))
+        if suffix is not None:
+            sources.append(SuffixDrafter(suffix))
+        if draft_w is not None and d is not None:
             draft_ctx = Context(draft_w, ContextParams(
                 n_ctx=slot.ctx.n_ctx, n_batch=min(d.num_batch, slot.ctx.n_ctx), n_threads=d.num_thread,
-                flash_attn=d.flash_attn, type_k=KV_TYPES[d.kv_cache_type], type_v=KV_TYPES[d.kv_cache_type],
+                flash_attn=d.flash, type_k=KV_TYPES[d.kv_cache_type], type_v=KV_TYPES[d.kv_cache_type],
             ))
             made.append(draft_ctx)
-            drafter = ModelDrafter(draft_ctx, spec.p_min)
+            sources.append(ModelDrafter(draft_ctx, spec.p_min))
         # One slot measures for all: the slots run the same model on the same hardware.
-        cost = _cost_model(lm, slot.ctx, spec, draft_ctx) if drafter and slot.index == 0 else None
-        return drafter, cost
+        cost = _cost_model(lm, slot.ctx, spec, draft_ctx, curves) if sources and slot.index == 0 else None
+        return sources, draft_ctx, cost
 
     try:
         parts = await asyncio.wrap_future(lm.pool.broadcast(build))
@@ -132,9 +145,10 @@ async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded) -> 
         if draft_w is not None:
             registry.release(draft_w)
         raise
-    cost = parts[0][1]  # shared: acceptance learnt on one slot steers the others too
-    decoders = [Decoder(slot.ctx, drafter, spec, cost) for slot, (drafter, _) in zip(lm.slots, parts, strict=True)]
-    draft_ctxs = [drafter.ctx for drafter, _ in parts if isinstance(drafter, ModelDrafter)]
+    cost = parts[0][2]  # shared: acceptance learnt on one slot steers the others too
+    decoders = [Decoder(slot.ctx, HybridDrafter(sources) if sources else None, spec, cost)
+                for slot, (sources, _, _) in zip(lm.slots, parts, strict=True)]
+    draft_ctxs = [ctx for _, ctx, _ in parts if ctx is not None]
     return PairEngine(decoders, draft_ctxs, draft_w, entry)
 
 
@@ -148,24 +162,44 @@ def _acquire_draft(registry: WeightsRegistry, path: Path, d: ModelDraft, lm: Loa
     return draft_w
 
 
-def _cost_model(lm: Loaded, ctx: Context, spec: SpeculativeConfig, draft_ctx: Context | None) -> CostModel:
-    """The pair's cost model: the target's verify curve (measured once per loaded target), plus
-    the draft's step and catch-up times for a model draft."""
+CURVE_BUDGET = 1.0  # seconds a load may spend measuring the target's verify curve, however busy the machine
+DRAFT_BUDGET = 0.3  # ... and the draft's step and catch-up; a cached load measures nothing (runtime.curves)
+
+
+def _cost_model(lm: Loaded, ctx: Context, spec: SpeculativeConfig, draft_ctx: Context | None,
+                curves: CurveCache) -> CostModel:
+    """The pair's cost model: the target's verify curve (once per loaded target, from the cache when
+    this machine measured it before), plus the draft's step and catch-up times for a model draft."""
     rows = spec.n_max + 1
     if lm.calibrated is None or len(lm.calibrated.t_step) <= rows:
-        t0 = time.perf_counter()
-        cal = CostModel(rows)
-        cal.calibrate(ctx)
+        key = curve_key(lm.weights.path, ctx, lm.weights.gpu_layers, "target", rows)
+        cal = curves.target(key, rows)
+        if cal is not None:
+            lm.curve = "cached"
+        else:
+            cal = CostModel(rows)
+            cal.calibrate(ctx, budget=CURVE_BUDGET)
+            lm.curve = "provisional" if cal.provisional else "measured"
+            if not cal.provisional:
+                curves.put_target(key, cal)
         lm.calibrated = cal
         curve = ", ".join(f"{v:.2f}" for v in cal.verify_curve())
         log.info("verify cost curve of %s (x one-token step, n = 1..%d): %s; plain steps after a batch "
-                 "cost %.2f steps more [%.2fs]", lm.weights.path.name, rows, curve,
-                 cal.t_switch / cal.t_step[1], time.perf_counter() - t0)
+                 "cost %.2f steps more [%s, %.2fs]", lm.weights.path.name, rows, curve,
+                 cal.t_switch / cal.t_step[1], lm.curve, cal.calibration_seconds)
     cost = CostModel(rows)
     cost.t_step = lm.calibrated.t_step[: rows + 1]
+    cost.t_same = lm.calibrated.t_same[: rows + 1]
     cost.t_switch = lm.calibrated.t_switch
+    cost.set_provisional(lm.calibrated.provisional)
     if draft_ctx is not None:
-        cost.calibrate_draft(draft_ctx)
+        key = curve_key(draft_ctx.weights.path, draft_ctx, draft_ctx.weights.gpu_layers, "draft")
+        cached = curves.draft(key)
+        if cached is not None:
+            cost.t_draft, cost.t_catchup = cached
+        else:
+            cost.calibrate_draft(draft_ctx, budget=DRAFT_BUDGET)
+            curves.put_draft(key, cost)
     return cost
 
 

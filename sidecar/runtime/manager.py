@@ -26,7 +26,9 @@ from sidecar.engine.decoder import Result
 from sidecar.engine.grammar import gbnf_for_format
 from sidecar.errors import Unavailable
 from sidecar.runtime import generation, render
+from sidecar.runtime.caches import SuffixCaches
 from sidecar.runtime.contract import Delta, Job, Outcome
+from sidecar.runtime.curves import CurveCache
 from sidecar.runtime.generation import ShuttingDown
 from sidecar.runtime.loading import Loaded, PairEngine, free_engine, load_pair, load_target, unload
 from sidecar.runtime.options import Effective, effective
@@ -48,6 +50,8 @@ class Runtime:
         # Set at the end of a shutdown's drain: every running generation stops at its next step.
         self.halt = threading.Event()
         self.weights = WeightsRegistry()
+        self.caches = SuffixCaches()
+        self.curves = CurveCache()
         self._loaded: dict[str, Loaded] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending = 0
@@ -70,7 +74,7 @@ class Runtime:
     def _key(self, entry: PairEntry) -> str:
         rt = entry.config.runtime
         return (f"{entry.target.path.resolve()}|gpu={rt.num_gpu}|b={rt.num_batch}"
-                f"|fa={rt.flash_attn}|kv={rt.kv_cache_type}|np={self.parallel(entry)}")
+                f"|fa={rt.flash}|kv={rt.kv_cache_type}|np={self.parallel(entry)}")
 
     def loaded_models(self) -> list[Loaded]:
         """Targets loaded right now (each with its context, thread and pairs)."""
@@ -106,7 +110,7 @@ class Runtime:
                     self._loaded[key] = lm
                 if not self._has_engine(lm, entry):
                     loaded = True
-                    self._install(lm, entry, await load_pair(self.weights, entry, lm))
+                    self._install(lm, entry, await load_pair(self.weights, entry, lm, self.caches, self.curves))
             except Exception:
                 self._report_load(entry.name, time.perf_counter() - t0, False)
                 raise
@@ -133,9 +137,11 @@ class Runtime:
             self._unload(lm)
 
     async def unload_all(self) -> None:
+        """Stop: free every model (after its queued work) and write the suffix caches' files."""
         for lm in list(self._loaded.values()):
             self._unload(lm)
             await asyncio.to_thread(lm.pool.join, 30)
+        await asyncio.to_thread(self.caches.save)
 
     def touch(self, lm: Loaded, keep_alive: float | None) -> None:
         """Push the model's expiry out by keep_alive seconds (negative: never; 0: now)."""

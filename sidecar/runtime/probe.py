@@ -39,12 +39,9 @@ auto` measure a pair once per machine. Loading is lazy: a fully cached rerun loa
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -55,11 +52,13 @@ import numpy as np
 
 from sidecar.engine.adaptive import CostModel, SpeculativeConfig, expected_tokens
 from sidecar.engine.drafters import common_prefix
-from sidecar.engine.llama import Context, ContextParams, Weights, default_threads, system_info
+from sidecar.engine.llama import Context, ContextParams, Weights, default_threads
 from sidecar.engine.pairing import check_pair
 from sidecar.models.gguf import GGUFError, read_header
-from sidecar.models.vocab import FileCache, cache_dir
+from sidecar.models.vocab import FileCache
+from sidecar.runtime.curves import backend_id
 from sidecar.runtime.render import TemplateSource, chat_template
+from sidecar.storage import KeyedCache, cache_dir
 from sidecar.templates.chat import TemplateError
 
 log = logging.getLogger("sidecar.runtime")
@@ -158,49 +157,23 @@ class ProbeResult:
         return result
 
 
-@functools.cache
-def backend_id() -> str:
-    """A short hash of llama.cpp's system info: the build and the backends (CPU features, GPUs) it runs on."""
-    return hashlib.sha256(system_info().encode()).hexdigest()[:12]
-
-
 class ProbeCache:
-    """Probe results, one JSON file per key under $XDG_CACHE_HOME/spec-sidecar/probes.
-
-    One file each, so the daemon and a `sidecar suggest` probing at once never lose each other's
-    results; written atomically (temporary file, then rename). A missing, corrupt or foreign file
-    is a miss, and a cache that cannot be written only costs the next run a probe."""
+    """Probe results, one JSON file per key under $XDG_CACHE_HOME/spec-sidecar/probes
+    (storage.KeyedCache), so the daemon and a `sidecar suggest` probing at once never lose each
+    other's results; a missing, corrupt or foreign file is a miss."""
 
     def __init__(self, root: Path | None = None) -> None:
-        self.root = root or cache_dir() / "probes"
-
-    def _file(self, key: dict[str, Any]) -> Path:
-        return self.root / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]}.json"
+        self._cache = KeyedCache(root or cache_dir() / "probes", CACHE_FORMAT)
 
     def get(self, key: dict[str, Any]) -> ProbeResult | None:
+        value = self._cache.get(key)
         try:
-            doc = json.loads(self._file(key).read_text(encoding="utf-8"))
-            if doc["format"] != CACHE_FORMAT or doc["key"] != key:
-                return None
-            return ProbeResult.from_json(doc["result"])
-        except (OSError, ValueError, KeyError, TypeError):
+            return ProbeResult.from_json(value) if value is not None else None
+        except (ValueError, KeyError, TypeError):
             return None
 
     def put(self, key: dict[str, Any], result: ProbeResult) -> None:
-        path = self._file(key)
-        tmp: str | None = None
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".probe-", suffix=".tmp", dir=self.root)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"format": CACHE_FORMAT, "key": key, "result": result.to_json()}, f)
-            os.replace(tmp, path)
-            tmp = None
-        except OSError as e:
-            log.warning("could not write the probe cache %s: %s", path, e)
-        finally:
-            if tmp is not None:
-                Path(tmp).unlink(missing_ok=True)
+        self._cache.put(key, result.to_json())
 
 
 @dataclass

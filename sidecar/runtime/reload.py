@@ -33,6 +33,7 @@ from typing import Any
 from sidecar.config.entries import Changes, PairEntry
 from sidecar.config.loader import ConfigError, Prepared, config_hash, load_file, prepare, read_bytes
 from sidecar.config.schema import Config
+from sidecar.runtime import auto
 from sidecar.runtime.manager import Runtime
 
 log = logging.getLogger("sidecar.config")
@@ -78,7 +79,7 @@ class Reloader:
     # -- loading -----------------------------------------------------------------------------
     def load_initial(self) -> Prepared:
         """The start-up load: a broken file is fatal (ConfigError); a missing model is not."""
-        prepared = load_file(self.path)
+        prepared = auto.expand(load_file(self.path))
         self._commit(prepared, self.runtime.apply(prepared.entries))
         for name, err in prepared.errors.items():
             log.error("pair not served: %s: %s", name, err)
@@ -106,7 +107,7 @@ class Reloader:
             self.reloads["unchanged"] += 1
             return True
         try:
-            prepared = await asyncio.to_thread(prepare, data, self.path)
+            prepared = await asyncio.to_thread(lambda: auto.expand(prepare(data, self.path)))
         except ConfigError as e:
             return self._fail(str(e))
         entries = self._keep_previous_on_error(prepared)

@@ -100,36 +100,49 @@ def _measured(d: DraftAdvice, r: ProbeResult) -> DraftAdvice:
 
 def _probe_target(name: str, path: Path, drafts: list[DraftAdvice], paths: dict[str, Path],
                   settings: ProbeSettings | None, cache: ProbeCache | None, top: int,
-                  progress: Callable[[str], None] | None) -> list[DraftAdvice]:
+                  progress: Callable[[str], None] | None, measure: bool = True) -> list[DraftAdvice]:
+    """The top candidates with their probe results; `measure` False uses only cached results
+    (what the daemon does at load: probing is `sidecar suggest --probe`'s work)."""
     measured: list[DraftAdvice] = []
+    unmeasured: list[DraftAdvice] = []
     with Prober(path, settings, cache) as prober:
         for d in drafts[:top]:
             try:
-                if progress is not None and prober.cached(paths[d.model]) is None:
+                result = prober.cached(paths[d.model])
+                if result is None and not measure:
+                    unmeasured.append(d)
+                    continue
+                if progress is not None and result is None:
                     progress(f"probing {d.model} as a draft for {name}")
-                measured.append(_measured(d, prober.probe(paths[d.model])))
+                measured.append(_measured(d, result or prober.probe(paths[d.model])))
             except (EngineError, OSError, ValueError) as e:  # ValueError: IncompatibleDraft among others
                 measured.append(replace(d, pays=False, why=f"probe failed: {e}; {d.why}"))
+    if not measure:
+        paying = sorted((d for d in measured if d.pays), key=lambda d: -(d.predicted_speedup or 0.0))
+        losing = [d for d in measured if not d.pays]
+        return paying + unmeasured + drafts[top:] + losing
     paying = sorted((d for d in measured if d.pays), key=lambda d: -(d.predicted_speedup or 0.0))
     losing = sorted((d for d in measured if not d.pays), key=lambda d: -(d.predicted_speedup or 0.0))
     rest = [replace(d, why=f"not probed (only the top {top} are); {d.why}") for d in drafts[top:]]
     return paying + rest + losing
 
 
-def suggest(stores: Stores, *, probe: bool = False, settings: ProbeSettings | None = None,
+def suggest(stores: Stores, *, probe: bool = False, cached: bool = False, settings: ProbeSettings | None = None,
             facts: FileCache | None = None, probes: ProbeCache | None = None, top: int = TOP,
             progress: Callable[[str], None] | None = None) -> list[TargetSuggestion]:
     """Every model that can be a target, with its compatible drafts best first.
 
-    `facts` and `probes` default to the caches under models.vocab.cache_dir(); `progress` hears
-    of each probe before it runs (a cached one is not announced: it takes no time)."""
+    `probe` measures the top candidates; `cached` (without `probe`) uses the probe results already
+    on disk and measures nothing. `facts` and `probes` default to the caches under
+    storage.cache_dir(); `progress` hears of each probe before it runs (a cached one is not
+    announced: it takes no time)."""
     scan = find_drafts(stores, facts)
     paths = {e.name: p for e in scan.entries if (p := e.path) is not None}
     out = []
     for target, ranked in scan.drafts.items():
         drafts = [DraftAdvice(s.name, s.score, s.why) for s in ranked]
-        if probe and drafts:
-            drafts = _probe_target(target, paths[target], drafts, paths, settings, probes, top, progress)
+        if (probe or cached) and drafts:
+            drafts = _probe_target(target, paths[target], drafts, paths, settings, probes, top, progress, probe)
         out.append(TargetSuggestion(target, drafts, probe))
     return out
 
