@@ -16,6 +16,7 @@ evidence per class, for all of a pair's requests.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -120,19 +121,24 @@ class CostModel:
         deadline = float("inf") if budget is None else t_start + budget
         n_rows = len(self.t_step) - 1
         ctx.clear()
-        ctx.decode([0])  # warm-up: the one-token graph and the output buffer
+        if budget is not None and _cores_taken(ctx.n_threads):
+            self._prior(self._lone_step(ctx), n_rows)
+            self.calibration_seconds = time.perf_counter() - t_start
+            return
+        warm = self._time_decode(ctx, 1)  # warm-up: the one-token graph and the output buffer
         base = len(ctx)
-        probe = []
-        for _ in range(5):
+        probe: list[float] = []
+        while len(probe) < 5 and time.perf_counter() < t_start + 0.25 * (deadline - t_start):
             ctx.truncate(base)
             probe.append(self._time_decode(ctx, 1))
-        contended = max(probe) > CONTENDED * min(probe)
+        # Steps that disagree, or too slow to take five in a quarter of the budget: the cores are shared.
+        contended = len(probe) < 5 or max(probe) > CONTENDED * min(probe)
         if not contended:
             ctx.truncate(base)
             # Warm-up of the widest batch; far slower than the prior shape says is contention too.
             contended = self._time_decode(ctx, n_rows) > 3 * min(probe) * prior_curve(n_rows) + 0.05
         if budget is not None and contended:
-            self._prior(min(probe), n_rows)
+            self._prior(min(probe, default=warm), n_rows)
             ctx.clear()
             self.calibration_seconds = time.perf_counter() - t_start
             return
@@ -206,26 +212,49 @@ class CostModel:
                 best[n] = min(best[n], cls._time_decode(ctx, n))
         return best
 
+    @classmethod
+    def _lone_step(cls, ctx: Context) -> float:
+        """A one-token step on one thread, then the cache cleared: on a machine whose cores are
+        all taken, where threads that wait for each other stall, the one scale worth having."""
+        ctx.set_threads(1)
+        try:
+            return cls._time_decode(ctx, 1)
+        finally:
+            ctx.set_threads(0)
+            ctx.clear()
+
     @staticmethod
     def _time_decode(ctx: Context, n: int) -> float:
         t0 = time.perf_counter()
         ctx.decode([0] * n)
         return time.perf_counter() - t0
 
-    def calibrate_draft(self, draft: Context, reps: int = 3, budget: float | None = None) -> None:
+    def calibrate_draft(self, draft: Context, reps: int = 3, budget: float | None = None) -> bool:
         """Time the draft's one-token step and its catch-up prefill (per token), fastest of `reps`
-        (of as many as `budget` seconds allow, one at least)."""
-        deadline = float("inf") if budget is None else time.perf_counter() + budget
+        (of as many as `budget` seconds allow, one at least). False: the machine was contended,
+        and the times are a prior guess (provisional, not worth keeping)."""
+        t_start = time.perf_counter()
+        deadline = float("inf") if budget is None else t_start + budget
         step = prefill = float("inf")
         m = max(1, min(64, draft.n_ctx - 4))  # prefilled tokens, then four steps
         draft.clear()
-        draft.decode([0])
-        steps = [self._time_decode(draft, 1) for _ in range(5)]
-        if budget is not None and max(steps) > CONTENDED * min(steps):  # contended: see calibrate
-            draft.clear()
-            self.t_draft, self.t_catchup = min(steps), min(steps) * PRIOR_CATCHUP
+        if budget is not None and _cores_taken(draft.n_threads):
+            t1 = self._lone_step(draft)
+            self.t_draft, self.t_catchup = t1, t1 * PRIOR_CATCHUP
             self.set_provisional(True)
-            return
+            self.calibration_seconds += time.perf_counter() - t_start
+            return False
+        warm = self._time_decode(draft, 1)
+        steps: list[float] = []
+        while len(steps) < 5 and time.perf_counter() < t_start + 0.25 * (deadline - t_start):
+            steps.append(self._time_decode(draft, 1))
+        if budget is not None and (len(steps) < 5 or max(steps) > CONTENDED * min(steps)):  # see calibrate
+            draft.clear()
+            t1 = min(steps, default=warm)
+            self.t_draft, self.t_catchup = t1, t1 * PRIOR_CATCHUP
+            self.set_provisional(True)
+            self.calibration_seconds += time.perf_counter() - t_start
+            return False
         draft.clear()
         draft.prefill([0] * m)  # warm-up, and the graphs for both shapes
         draft.decode([0])
@@ -241,6 +270,8 @@ class CostModel:
             step = min(step, *(self._time_decode(draft, 1) for _ in range(4)))
         draft.clear()
         self.t_draft, self.t_catchup = step, prefill
+        self.calibration_seconds += time.perf_counter() - t_start
+        return True
 
     def observe_step(self, n: int, seconds: float, same: bool = False) -> None:
         """A decode of n rows took `seconds`; `same`: right after a decode of n rows."""
@@ -263,6 +294,31 @@ class CostModel:
         """t_step(n) / t_step(1) for n = 1.., the relative cost of verifying n rows."""
         one = self.t_step[1] or 1.0
         return [t / one for t in self.t_step[1:]]
+
+
+def _cores_taken(n_threads: int, interval: float = 0.05) -> bool:
+    """Whether other processes leave fewer than half of `n_threads` cores idle (Linux /proc/stat,
+    sampled over `interval`; elsewhere False, and the one-token probes tell instead).
+
+    Checked before any timing: with every core taken, llama.cpp's threads wait for each other at
+    every op, and a single one-token decode stalls for seconds now and then (SmolLM2, 2 threads,
+    four spinning processes on 2 cores: 0.04 to 3.7 s)."""
+
+    def idle() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return fields[3] + fields[4], sum(fields)  # idle + iowait, all
+
+    try:
+        idle0, total0 = idle()
+        time.sleep(interval)
+        idle1, total1 = idle()
+    except (OSError, ValueError, IndexError):
+        return False
+    cores = os.cpu_count() or 1
+    if total1 <= total0:
+        return False
+    return (idle1 - idle0) / (total1 - total0) * cores < 0.5 * min(n_threads, cores)
 
 
 def _spread(n: int) -> list[int]:

@@ -222,6 +222,7 @@ class Context:
         threads = params.n_threads or default_threads()
         cp.n_threads = threads
         cp.n_threads_batch = threads
+        self.n_threads = threads
         cp.flash_attn_type = (
             C.LLAMA_FLASH_ATTN_TYPE_ENABLED if params.flash_attn else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
@@ -264,6 +265,11 @@ class Context:
             n = 0
         del self.tokens[n:]
         self._fresh = min(self._fresh, n)
+
+    def set_threads(self, n: int) -> None:
+        """Decode with n threads from now on (0: the count the context was made with)."""
+        n = n or self.n_threads
+        C.llama_set_n_threads(self.ctx, n, n)
 
     def clear(self) -> None:
         C.llama_memory_clear(self.memory, True)

@@ -198,8 +198,8 @@ def _cost_model(lm: Loaded, ctx: Context, spec: SpeculativeConfig, draft_ctx: Co
         if cached is not None:
             cost.t_draft, cost.t_catchup = cached
         else:
-            cost.calibrate_draft(draft_ctx, budget=DRAFT_BUDGET)
-            curves.put_draft(key, cost)
+            if cost.calibrate_draft(draft_ctx, budget=DRAFT_BUDGET):
+                curves.put_draft(key, cost)
     return cost
 
 
