@@ -26,7 +26,8 @@ TEMPLATE = [7, 8, 9]  # stands for the chat template's "assistant" turn
 def naive(seqs: list[list[int]], context: Sequence[int], max_tokens: int, factor: float = 1.0,
           min_prob: float = 0.1, max_depth: int = 64) -> Continuation:
     """Reference: every position of every sequence, its match with the tail, the best match's class
-    (longest first, then newest), and the majority path over those rows, one row at a time."""
+    (longest first, then newest), and the majority path over those rows, one row at a time, with
+    each step's vote."""
     tail = list(context[-max_depth:])
     found = []
     for si, seq in enumerate(seqs):
@@ -42,7 +43,7 @@ def naive(seqs: list[list[int]], context: Sequence[int], max_tokens: int, factor
     limit = min(max_tokens, max(1, int(best * factor + 1e-6)))
     chosen = sorted((f for f in found if f[0] >= 1 << (best.bit_length() - 1)), key=lambda f: (-f[0], -f[1], -f[2]))
     rows = [(f[3][f[2] : f[2] + limit] + [-1] * limit)[:limit] for f in chosen]
-    alive, p, tokens, probs, agreeing = rows, 1.0, [], [], 0
+    alive, p, tokens, probs, agreeing, votes = rows, 1.0, [], [], 0, []
     for j in range(limit):
         going = [r[j] for r in alive if r[j] != -1]
         if not going:
@@ -54,8 +55,9 @@ def naive(seqs: list[list[int]], context: Sequence[int], max_tokens: int, factor
         agreeing = agreeing or going.count(tok)
         tokens.append(tok)
         probs.append(p)
+        votes.append((going.count(tok), len(alive)))
         alive = [r for r in alive if r[j] == tok]
-    return Continuation(tokens, probs, best, len(rows), agreeing)
+    return Continuation(tokens, probs, best, len(rows), agreeing, votes)
 
 
 def test_learns_and_proposes_a_repeated_answer() -> None:
@@ -378,3 +380,21 @@ def test_a_repeated_request_is_drafted_from_the_cache_and_stays_lossless(tiny_en
     finally:
         ctx.close()
         weights.close()
+
+
+def test_a_draft_is_priced_to_hold_through_a_shared_skeleton_not_into_a_value() -> None:
+    """Two earlier outputs share the keys and differ in the value after one: the draft's tokens
+    up to the split are of an agreeing class, the value's is a split one, and past the
+    continuation's end nothing is expected."""
+    cache = SuffixCache(10_000)
+    drafter = SuffixDrafter(cache, lead=0)
+    key, rest = [50, 51, 52, 53], [60, 61]
+    drafter.finish([], [*key, 70, *rest], "stop")
+    drafter.finish([], [*key, 80, *rest], "stop")
+    support = drafter.support([9, 50, 51])
+    assert support.along is not None
+    first, at_value = support.along(0), support.along(2)
+    assert first.prior is not None and at_value.prior is not None
+    assert at_value.prior < first.prior  # the outputs split on the value
+    n = len(drafter.propose([9, 50, 51], 16).tokens)
+    assert support.along(n).prior == 0.0

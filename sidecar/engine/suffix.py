@@ -69,13 +69,15 @@ _POWERS = [pow(_BASE, j, 1 << 64) for j in range(max(LEVELS))]
 class Continuation:
     """What the cache proposes after a context: its tail matched `match` tokens of earlier
     sequences at `occurrences` places (the sample behind the estimate), and `agreeing` of them went
-    on with tokens[0]. probs[i] estimates the chance that the path holds up to tokens[i]."""
+    on with tokens[0]. probs[i] estimates the chance that the path holds up to tokens[i]; votes[i]
+    is (rows that go on with tokens[i], rows still on the path there)."""
 
     tokens: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)
     match: int = 0
     occurrences: int = 0
     agreeing: int = 0
+    votes: list[tuple[int, int]] = field(default_factory=list)
 
 
 class SuffixCache:
@@ -319,6 +321,7 @@ class SuffixCache:
         agree; rows are cut at their sequence's end, which counts against every branch."""
         tokens: list[int] = []
         probs: list[float] = []
+        votes: list[tuple[int, int]] = []
         agreeing, alive, p = 0, rows, 1.0
         for j in range(len(rows[0])):
             if len(alive) == 1:  # one row left: it goes on, at the same probability, to its end
@@ -326,6 +329,7 @@ class SuffixCache:
                 rest = rest[: rest.index(_SEP)] if _SEP in rest else rest
                 tokens += rest
                 probs += [p] * len(rest)
+                votes += [(1, 1)] * len(rest)
                 agreeing = agreeing or (1 if rest else 0)
                 break
             column = [r[j] for r in alive]
@@ -334,6 +338,7 @@ class SuffixCache:
                 agreeing = agreeing or len(column)
                 tokens.append(tok)
                 probs.append(p)
+                votes.append((len(column), len(column)))
                 continue
             counts = Counter(column)
             counts.pop(_SEP, None)
@@ -346,8 +351,9 @@ class SuffixCache:
             agreeing = agreeing or n
             tokens.append(tok)
             probs.append(p)
+            votes.append((n, len(column)))
             alive = [r for r in alive if r[j] == tok]
-        return Continuation(tokens, probs, match, len(rows), agreeing)
+        return Continuation(tokens, probs, match, len(rows), agreeing, votes)
 
 
 class SuffixDrafter:
@@ -361,6 +367,10 @@ class SuffixDrafter:
     two), 2 established (p >= 0.8: three of three or more). Priors start from NgramDrafter's
     m / (m + 2) for a verbatim copy: f = 1 takes it as it is, f = 2 halves the doubt (several
     outputs said the same), f = 0 halves the prior (earlier outputs went different ways).
+    A draft's later tokens are classed alike (`Support.along`): token j by its match, j tokens
+    longer, and its own vote, so a draft is priced to hold through the keys a JSON skeleton
+    repeats and not through the value after one, where earlier outputs split; past the
+    continuation's end (key KEY_BASE - 1) nothing is expected.
 
     One drafter per decoding slot (its lookup is remembered per request); the slots share a cache.
     Like NgramDrafter it ignores a grammar: the verifier's masked p rejects what the grammar forbids.
@@ -409,7 +419,19 @@ class SuffixDrafter:
         cont = self._lookup(context)
         if not cont.tokens:
             return Support(ready=False)
-        return self.classify(cont.match, cont.occurrences, cont.agreeing)
+        first = self.classify(cont.match, cont.occurrences, cont.agreeing)
+
+        def along(j: int) -> Support:
+            """Token j's class: its match j tokens longer, its own vote (where earlier outputs went
+            different ways: a JSON value after a key they all share), and none past the path's end."""
+            if j == 0:
+                return first
+            if j >= len(cont.tokens):
+                return Support(key=self.KEY_BASE - 1, prior=0.0)
+            agreeing, alive = cont.votes[j]
+            return self.classify(cont.match + j, alive, agreeing)
+
+        return Support(key=first.key, prior=first.prior, along=along)
 
     @classmethod
     def classify(cls, match: int, occurrences: int, agreeing: int) -> Support:
