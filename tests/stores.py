@@ -63,3 +63,19 @@ def add_ollama_model(root: Path, manifest: str, gguf: Path | bytes, *, template:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc))
     return path
+
+
+def pairing_store(d: Path, smollm2: Path) -> None:
+    """The store the pairing tests share, under d: in an Ollama store, SmolLM2 padded with 180 zero
+    layers (5x its cost and file, so the ranking puts SmolLM2 in its best size range: the target),
+    SmolLM2 itself (its draft) and a tiny model with another vocabulary; in an LM Studio folder, a
+    draft of SmolLM2's vocabulary that never agrees."""
+    from tests.derived import extend, inverted_draft
+    from tests.models import write_tiny_llama
+
+    padded = extend(smollm2, d / "files" / "x180.gguf", extra_layers=180)
+    root = d / "ollama"
+    add_ollama_model(root, "registry.ollama.ai/library/smollm2/x180", padded)
+    add_ollama_model(root, "registry.ollama.ai/library/smollm2/135m", smollm2)
+    add_ollama_model(root, "registry.ollama.ai/library/tiny/latest", write_tiny_llama(d / "files" / "tiny.gguf"))
+    inverted_draft(smollm2, d / "lmstudio" / "test" / "Inverted-GGUF" / "smollm2-inverted-trunc2.gguf")

@@ -14,9 +14,7 @@ import pytest
 
 from sidecar.cli import cmd_check
 from tests.conftest import Daemon, write_config
-from tests.derived import extend, inverted_draft
-from tests.models import write_tiny_llama
-from tests.stores import add_ollama_model
+from tests.stores import pairing_store
 
 T = 300
 COPY = ("Repeat this list exactly, one item per line: apples, pears, plums, cherries, "
@@ -25,15 +23,9 @@ COPY = ("Repeat this list exactly, one item per line: apples, pears, plums, cher
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Path:
-    """SmolLM2 padded to 5x its cost (the target), SmolLM2 itself (its draft), a useless draft of
-    the same vocabulary, and a tiny model with another vocabulary."""
+    """The pairing store (tests.stores.pairing_store)."""
     d = tmp_path_factory.mktemp("auto")
-    padded = extend(smollm2, d / "files" / "x180.gguf", extra_layers=180)
-    root = d / "ollama"
-    add_ollama_model(root, "registry.ollama.ai/library/smollm2/x180", padded)
-    add_ollama_model(root, "registry.ollama.ai/library/smollm2/135m", smollm2)
-    add_ollama_model(root, "registry.ollama.ai/library/tiny/latest", write_tiny_llama(d / "files" / "tiny.gguf"))
-    inverted_draft(smollm2, d / "lmstudio" / "test" / "Inverted-GGUF" / "smollm2-inverted-trunc2.gguf")
+    pairing_store(d, smollm2)
     return d
 
 

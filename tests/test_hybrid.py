@@ -405,3 +405,20 @@ def test_a_second_identical_request_drafts_from_the_suffix_cache(tiny_endless: P
     finally:
         ctx.close()
         w.close()
+
+
+def test_a_model_that_must_catch_up_starts_only_for_what_free_sources_leave() -> None:
+    """A model draft whose gain over the next 200 tokens repays its catch-up (2000 tokens at 0.01
+    s) when every token so far came from plain steps, but not when the n-gram source produced 90%
+    of them: its catch-up is weighed against the plain steps it would replace."""
+    for free_share, starts in ((0.0, True), (0.9, False)):
+        ngram = [Support(key=3, prior=0.99)]
+        p = two_sources(ngram[0])
+        p.sources[0].support = lambda ngram=ngram: ngram[0]
+        p.sources[1].lag = lambda: 2000
+        while p._free_tokens < 100 * free_share:
+            assert p.draft_length(0, INF, 100) > 0 and p.source == 0
+            p.record(1, 1, 0.0, 1.0, 0)  # two tokens a round from the n-gram source
+        ngram[0] = Support(ready=False)  # no match now: only the model could draft
+        k = p.draft_length(100, 200, 100)
+        assert (k > 0 and p.source == 1) == starts, free_share

@@ -27,9 +27,7 @@ from sidecar.runtime.suggest import (
     spec_name,
     suggest,
 )
-from tests.derived import extend, inverted_draft
-from tests.models import write_tiny_llama
-from tests.stores import add_ollama_model
+from tests.stores import pairing_store
 
 TARGET, ALIGNED, FOREIGN = "smollm2:x180", "smollm2:135m", "tiny:latest"
 USELESS = "lmstudio:test/Inverted-GGUF/smollm2-inverted-trunc2.gguf"
@@ -42,13 +40,8 @@ FAST = ProbeSettings(prompts=PROMPTS[:1], n_tokens=32, n_max=4, n_ctx=256, threa
 def store(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Path:
     """The store's pairs.yaml (models: naming both stores, no pairs)."""
     d = tmp_path_factory.mktemp("suggest")
-    # 180 zero layers: 5x SmolLM2's file, so the ranking puts SmolLM2 in its best size range.
-    padded = extend(smollm2, d / "files" / "x180.gguf", extra_layers=180)
+    pairing_store(d, smollm2)
     ollama = d / "ollama"
-    add_ollama_model(ollama, "registry.ollama.ai/library/smollm2/x180", padded)
-    add_ollama_model(ollama, "registry.ollama.ai/library/smollm2/135m", smollm2)
-    add_ollama_model(ollama, "registry.ollama.ai/library/tiny/latest", write_tiny_llama(d / "files" / "tiny.gguf"))
-    inverted_draft(smollm2, d / "lmstudio" / "test" / "Inverted-GGUF" / "smollm2-inverted-trunc2.gguf")
     cfg = d / "pairs.yaml"
     cfg.write_text(f"models:\n  ollama: {ollama}\n  lmstudio: {d / 'lmstudio'}\npairs: {{}}\n")
     return cfg

@@ -68,6 +68,7 @@ class Plan:
     _backoff: int = 0
     _idle: int = 0
     _probing: bool = False
+    _free_tokens: int = 0  # tokens this request's free-source rounds produced (drafts held, plus one)
     _since_batch: int = 0  # plain steps since the last batch (the prompt's prefill is one)
     _prev_rows: int = 0  # rows of the last decode; 0: the prompt's prefill
 
@@ -209,9 +210,12 @@ class Plan:
         for i in ready:  # the first of equals: the configured order
             ki, rows, rate, rank = self._best(i, supports[i], k_cap, min(room, len(self.cost.t_step) - 2))
             # A model draft must first prefill what it missed; starting pays only if the time the
-            # gain saves over the tokens still to come (at most `horizon`) covers that.
+            # gain saves over the tokens still to come (at most `horizon`) covers that. It gains
+            # only where the free sources would not have drafted: the share of this request's
+            # tokens that plain steps produced (a copying request's is small).
             if ki and self.sources[i].has_cost and self._last != (i, supports[i].key):
-                saved = min(remaining, c.horizon) * (self.cost.t_step[1] - 1.0 / rate)
+                share = 1.0 - self._free_tokens / produced if produced >= 32 else 1.0
+                saved = min(remaining, c.horizon) * share * (self.cost.t_step[1] - 1.0 / rate)
                 if saved < self.sources[i].lag() * self.cost.t_catchup:
                     ki = 0
             if ki and rank > best_rank:
@@ -271,6 +275,8 @@ class Plan:
         self._probing = False
         src = self.sources[self.source]
         self._learn(self._support, drafted, accepted)
+        if not src.has_cost:
+            self._free_tokens += accepted + 1
         self.rounds += 1
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
