@@ -31,6 +31,7 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,19 +130,26 @@ def bound(a: float, curve: list[float], c: float) -> tuple[float, int]:
 
 def ngram_bound(prompt: list[int], out: list[int], curve: list[float], draft: NgramDraft,
                 switch: float = 0.0) -> float:
-    """The best speed-up any choice of draft lengths could get from this n-gram drafter on this output.
-
-    Greedy output is fixed and an n-gram proposal is a function of the context, so how many of its
-    tokens the target would accept at each position (m_i) is known. A round at position i that drafts
-    k <= m_i tokens emits k + 1 and costs v(k + 1) = curve[k]; dynamic programming over positions finds
-    the cheapest way through, against len(out) plain steps. A stretch of batches that begins after
-    plain steps also costs `switch` (CostModel.t_switch, in steps). Python overhead is left out."""
+    """The best speed-up any choice of draft lengths could get from this n-gram drafter on this output."""
     drafter = NgramDrafter(draft.min_n, draft.max_n)
+    return oracle_bound(prompt, out, curve, [lambda ctx, k: drafter.propose(ctx, k).tokens], switch)
+
+
+def oracle_bound(prompt: list[int], out: list[int], curve: list[float],
+                 proposers: Sequence[Callable[[list[int], int], list[int]]], switch: float = 0.0) -> float:
+    """The best speed-up any choice of draft lengths and sources could get on this output.
+
+    Greedy output is fixed and each source's proposal is a function of the context (and of what a
+    cache learnt before the request), so how many of its tokens the target would accept at each
+    position (m_i, the best source's) is known. A round at position i that drafts k <= m_i tokens
+    emits k + 1 and costs v(k + 1) = curve[k]; dynamic programming over positions finds the
+    cheapest way through, against len(out) plain steps. A stretch of batches that begins after plain
+    steps also costs `switch` (CostModel.t_switch, in steps). Python overhead is left out."""
     context = list(prompt)
     reach = []
     for i in range(len(out)):
-        proposal = drafter.propose(context, len(curve) - 1).tokens
-        reach.append(common_prefix(proposal, out[i : i + len(proposal)]))
+        reach.append(max(common_prefix(p(context, len(curve) - 1), out[i : i + len(curve) - 1])
+                         for p in proposers))
         context.append(out[i])
     n = len(out)
     # after[i] / plain[i]: the cheapest way from position i when the last decode was a batch / a plain step
@@ -154,12 +162,21 @@ def ngram_bound(prompt: list[int], out: list[int], curve: list[float], draft: Ng
     return n / after[0] if after[0] else 1.0  # the prompt's prefill was a batch
 
 
+def all_accepted_bound(curve: list[float]) -> tuple[float, int]:
+    """What the machine allows at best: every draft accepted, max_n n / v(n) (and that n)."""
+    return max((n / v, n) for n, v in enumerate(curve, start=1))
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 async def bench_pair(key: str, label: str, target: str, draft: str, args: argparse.Namespace) -> None:
     yaml = f"pairs:\n  bench:{key}:\n    from: {target}\n    draft: {draft}\n    parameters:\n      num_ctx: 2048\n"
+    if draft == "ngram":
+        # The bound is the n-gram drafter's; and the cross-request cache beside it would draft each
+        # repeated prompt from the run before (target-only runs teach it too).
+        yaml += "    speculative:\n      cache: \"off\"\n"
     config = parse(yaml)
     entry = build_entry(f"bench:{key}", config.pairs[f"bench:{key}"])
     rt = Runtime(keep_alive=-1)
