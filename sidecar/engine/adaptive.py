@@ -106,12 +106,11 @@ class CostModel:
     def calibrate(self, ctx: Context, reps: int = 3, budget: float | None = None) -> None:
         """Time decodes of 1..n rows on a scratch sequence, then give the cache back empty.
 
-        Repetitions are interleaved across sizes and the minimum kept, so a burst of load on the
-        machine inflates one sample rather than one size. Sizes are taken widest-spread first (1,
-        n, then halves), so a `budget` (seconds) that runs out mid-way still leaves the curve's
-        shape: sizes not timed are interpolated from their neighbours. A curve that ran out of
-        budget, or whose repetitions disagree, is `provisional`: the online estimates replace it
-        quickly, and it is not worth keeping (runtime.curves does not cache it).
+        Each size is timed `reps` times and the minimum kept. Sizes are taken widest-spread first
+        (1, n, then halves), so a `budget` (seconds) that runs out mid-way still leaves the curve's
+        shape: sizes not timed are interpolated from their neighbours. A curve with fewer than five
+        sizes timed, or whose repetitions disagree, is `provisional`: the online estimates replace
+        it quickly, and it is not worth keeping (runtime.curves does not cache it).
 
         A decode cannot be cut short, and on a machine whose cores other processes keep busy one
         batch can take seconds (llama.cpp's threads wait for each other at every op). So a few
@@ -145,13 +144,22 @@ class CostModel:
         ctx.truncate(base)
         samples: dict[int, list[float]] = {n: [] for n in range(1, n_rows + 1)}
         samples[1] += probe
+        # Two sizes at a time, widest-spread first, each `reps` times before the next two: a budget
+        # that runs out leaves fewer sizes, each measured as well as the rest (the minimum of its
+        # samples), and the sizes between are interpolated; one sample of every size would be
+        # noise. The two alternate, so no decode follows one of its own shape (which a GPU replays
+        # cheaper: t_same, below).
         order = _spread(n_rows)
-        for rep in range(reps):
-            for i, n in enumerate(order):
-                if time.perf_counter() > deadline and (rep or i >= 2):
+        for i in range(0, len(order), 2):
+            if time.perf_counter() > deadline and i >= 2:
+                break
+            for rep in range(reps):
+                if rep and i >= 2 and time.perf_counter() > deadline:
                     break
-                ctx.truncate(base)
-                samples[n].append(self._time_decode(ctx, n))
+                for n in order[i : i + 2]:
+                    if len(samples[n]) < reps:
+                        ctx.truncate(base)
+                        samples[n].append(self._time_decode(ctx, n))
         # Plain decoding is one-token steps in a row, which a GPU runs faster than a step right
         # after a batch (see t_switch): time both (once at least, whatever the budget).
         steady, switch = float("inf"), float("inf")
@@ -169,7 +177,8 @@ class CostModel:
         # Rebuilding a graph costs at least one step run without it; less is cache effects and
         # timing noise (a CPU measures 0.1-0.2 steps here, and has no graphs to rebuild).
         self.t_switch = switch if 0.5 * best[1] < switch < float("inf") else 0.0
-        disturbed = (steady == float("inf") or any(not v for v in samples.values())
+        measured = sum(1 for v in samples.values() if v)
+        disturbed = (steady == float("inf") or measured < min(n_rows, 5)
                      or _noisy(samples) or any(best[n] < 0.9 * best[n - 1] for n in range(2, n_rows + 1)))
         # Verifying more rows never costs less; flatten noise that says otherwise.
         for n in range(2, n_rows + 1):
