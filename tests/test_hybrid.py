@@ -422,3 +422,14 @@ def test_a_model_that_must_catch_up_starts_only_for_what_free_sources_leave() ->
         ngram[0] = Support(ready=False)  # no match now: only the model could draft
         k = p.draft_length(100, 200, 100)
         assert (k > 0 and p.source == 1) == starts, free_share
+
+
+def test_a_model_that_fell_behind_yields_to_a_free_source_that_can_draft() -> None:
+    """The model's drafts are worth a little more than the n-gram's this round, until the round
+    must also prefill the 300 tokens the n-gram source drafted meanwhile (3 s): then the free
+    source drafts on."""
+    for lag, source in ((0, 1), (300, 0)):
+        p = two_sources(Support(key=3, prior=0.5))  # 1.79 tokens a second against the model's 1.80
+        p.sources[1].lag = lambda lag=lag: lag
+        assert p.draft_length(0, INF, 100) > 0
+        assert p.source == source, lag

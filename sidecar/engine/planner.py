@@ -218,6 +218,11 @@ class Plan:
                 saved = min(remaining, c.horizon) * share * (self.cost.t_step[1] - 1.0 / rate)
                 if saved < self.sources[i].lag() * self.cost.t_catchup:
                     ki = 0
+            if ki and self.sources[i].has_cost:
+                # Against the other sources, this round pays the catch-up of what they drafted
+                # while the model sat out: a copying stretch stays with the free source.
+                seconds = self.cost.t_draft * ki + self._rows_cost(rows)
+                rank *= seconds / (seconds + self.sources[i].lag() * self.cost.t_catchup)
             if ki and rank > best_rank:
                 chosen, k, self.rows, best_rank = i, ki, rows, rank
         self.source, self._support = chosen, supports[chosen]
