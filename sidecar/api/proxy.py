@@ -20,7 +20,7 @@ import logging
 import os
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, get_args
 
 import aiohttp
 from aiohttp import hdrs, web
@@ -28,7 +28,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from sidecar.api.pairs import runtime_of
-from sidecar.api.wire import ApiError, client_gone, error_for
+from sidecar.api.wire import ApiError, ClientGone, error_for, while_connected
 from sidecar.config.schema import UpstreamKind
 from sidecar.observability import metrics
 
@@ -36,11 +36,9 @@ log = logging.getLogger("sidecar.api.proxy")
 
 KINDS: tuple[str, ...] = get_args(UpstreamKind)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-T = TypeVar("T")
 
 CONNECT_TIMEOUT = 10.0  # seconds to open a connection; a response may take as long as a model load
 LIST_TIMEOUT = 5.0  # listings and /api/version: a stuck upstream must not hang `ollama list`
-POLL = 0.25  # how often a waiting forward looks whether its client is still there
 CHUNK = 64 * 1024
 
 # RFC 9110 §7.6.1 connection-specific fields, plus Proxy-Connection; Expect is answered by aiohttp itself.
@@ -48,10 +46,6 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "te", "trailer", "trailers", "transfer-encoding", "upgrade", "expect"})
 # Marks requests this process forwarded: meeting its own mark again means the upstream is itself.
 VIA = "X-Spec-Sidecar-Forwarded"
-
-
-class ClientGone(Exception):
-    """The client closed its connection while the forward was waiting on the upstream."""
 
 
 def resolve_upstream(flag: str | None, env: dict[str, str] | os._Environ[str] | None,
@@ -89,25 +83,6 @@ def forward_headers(headers: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
     named = {t.strip().lower() for k, v in pairs if k.lower() == "connection" for t in v.split(",")}
     return CIMultiDict((k, v) for k, v in pairs
                        if k.lower() not in HOP_BY_HOP and k.lower() not in named and k.lower() != "host")
-
-
-async def _while_connected(request: web.Request, aw: Awaitable[T]) -> T:
-    """Await `aw`, giving up (ClientGone) as soon as the client disconnects.
-
-    aiohttp does not cancel a handler whose client left, and an upstream can be silent for
-    minutes (loading a model, pulling layers), so the forward has to look for itself."""
-    task = asyncio.ensure_future(aw)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=POLL)
-            if done:
-                return task.result()
-            if client_gone(request):
-                raise ClientGone
-    finally:
-        if not task.done():
-            task.cancel()  # closes the upstream request; its outcome no longer matters
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 class Upstream:
@@ -212,7 +187,7 @@ class Upstream:
             data = request.content.iter_chunked(CHUNK)
         url = URL(self.url + request.raw_path, encoded=True)
         try:
-            up = await _while_connected(request, self.session().request(
+            up = await while_connected(request, self.session().request(
                 request.method, url, headers=headers, data=data, allow_redirects=False,
                 skip_auto_headers=skip_auto))
         except ClientGone:
@@ -236,7 +211,7 @@ class Upstream:
         try:
             await resp.prepare(request)
             while True:
-                chunk = await _while_connected(request, up.content.readany())
+                chunk = await while_connected(request, up.content.readany())
                 if not chunk:
                     break
                 await resp.write(chunk)

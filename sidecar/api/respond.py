@@ -10,17 +10,15 @@ the `Framing`'s job: Ollama's NDJSON (api.ollama) and OpenAI's SSE (api.openai).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, Protocol, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 import structlog
 from aiohttp import web
 
 from sidecar.api.pairs import runtime_of
-from sidecar.api.wire import ApiError, client_gone
+from sidecar.api.wire import ApiError, ClientGone, client_gone, while_connected
 from sidecar.config.entries import PairEntry
 from sidecar.errors import ClientError, Unavailable
 from sidecar.observability import metrics
@@ -31,14 +29,6 @@ log = logging.getLogger("sidecar.api")
 requests_log = structlog.get_logger("sidecar.request")
 
 RUNNING_THE_MODEL = "an error was encountered while running the model"
-POLL = 0.25  # how often a request waiting on the runtime looks whether its client is still there
-T = TypeVar("T")
-
-
-class ClientGone(Exception):
-    """The client closed its connection while the request waited on the runtime."""
-
-
 class Framing(Protocol):
     """How one API flavour writes a generation. A framing is made per request: it may keep state
     (OpenAI's first delta carries the role, a stream with tool calls finishes as `tool_calls`)."""
@@ -98,7 +88,7 @@ async def respond(request: web.Request, entry: PairEntry, job: Job, framing: Fra
     clock = metrics.TokenClock()  # started before queueing and loading: both count towards TTFT
     events = runtime_of(request).generate(entry, job)
     try:
-        first = await _watched(request, events.__anext__())
+        first = await while_connected(request, events.__anext__())
     except ClientGone:
         return await _gone(request, entry, events, clock)
     except Exception as e:
@@ -110,28 +100,6 @@ async def respond(request: web.Request, entry: PairEntry, job: Job, framing: Fra
     if not stream:
         return await _whole(request, entry, framing, events, first, clock)
     return await _stream(request, entry, framing, events, first, clock)
-
-
-async def _watched(request: web.Request, aw: Awaitable[T]) -> T:
-    """Await `aw`, giving up (ClientGone) as soon as the client disconnects.
-
-    aiohttp does not cancel a handler whose client left, and a request can wait long without
-    writing a byte (queued behind others, a model loading, a whole answer being generated), so
-    it looks for itself. Cancelling the wait closes the runtime's stream, which stops the worker
-    at its next step (or before it starts)."""
-    task = asyncio.ensure_future(aw)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=POLL)
-            if done:
-                return task.result()
-            if client_gone(request):
-                raise ClientGone
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
 
 
 async def _gone(request: web.Request, entry: PairEntry, events: AsyncIterator[Delta | Outcome],
@@ -155,7 +123,7 @@ async def _whole(request: web.Request, entry: PairEntry, framing: Framing, event
         return ev
 
     try:
-        outcome = await _watched(request, collect(ev))
+        outcome = await while_connected(request, collect(ev))
     except ClientGone:
         return await _gone(request, entry, events, clock)
     except Exception as e:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import math
 import re
+from collections.abc import Awaitable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -159,6 +162,37 @@ def _go_quote_char(c: str) -> str:
 def client_gone(request: web.Request) -> bool:
     """aiohttp does not cancel handlers when the client leaves; writers and waiters look for themselves."""
     return request.transport is None or request.transport.is_closing()
+
+
+POLL = 0.25  # how often a request waiting on something looks whether its client is still there
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client closed its connection while the request waited (on the runtime, on an upstream)."""
+
+
+async def while_connected(request: web.Request, aw: Awaitable[T]) -> T:
+    """Await `aw`, giving up (ClientGone) as soon as the client disconnects.
+
+    aiohttp does not cancel a handler whose client left, and a request can wait long without
+    writing a byte (queued behind others, a model loading, an upstream pulling layers), so it
+    looks for itself. The wait is cancelled and awaited before ClientGone leaves: that closes the
+    runtime's stream, which stops the worker at its next step (or before it starts), or the
+    upstream request."""
+    task = asyncio.ensure_future(aw)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=POLL)
+            if done:
+                return task.result()
+            if client_gone(request):
+                raise ClientGone
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
 
 
 _DURATION = re.compile(r"([-+]?)((?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|ms|s|m|h))+$")
