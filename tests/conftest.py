@@ -70,6 +70,17 @@ def tiny_engines(tiny_pair: tuple[Path, Path]) -> Iterator[tuple[Weights, Contex
         x.close()
 
 
+@pytest.fixture(scope="module")
+def smollm2_engines(smollm2: Path) -> Iterator[tuple[Weights, Context, Context]]:
+    """SmolLM2 loaded in-process on the CPU as a target and as its own draft model (it always
+    agrees): weights, target context, draft context."""
+    w = Weights(smollm2, n_gpu_layers=0)
+    ctx, dctx = Context(w, ContextParams(n_ctx=1024)), Context(w, ContextParams(n_ctx=1024))
+    yield w, ctx, dctx
+    for x in (dctx, ctx, w):
+        x.close()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

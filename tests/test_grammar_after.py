@@ -7,8 +7,7 @@ batch must see the rows before it unmasked and the rows after it masked from the
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 import pytest
 
@@ -16,7 +15,7 @@ from sidecar.engine.adaptive import CostModel, SpeculativeConfig
 from sidecar.engine.decoder import Decoder, Request, Result
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal, Support
 from sidecar.engine.grammar import Grammar, gbnf_for_format
-from sidecar.engine.llama import Context, ContextParams, Weights
+from sidecar.engine.llama import Context, Weights
 from sidecar.engine.logprobs import Logprobs
 from sidecar.engine.sampling import Sampler, SamplingParams
 
@@ -136,19 +135,10 @@ def test_preserved_control_tokens_are_emitted_as_text(tiny_engines: tuple[Weight
     assert [e.token for it in items if isinstance(it, Logprobs) for e in it.entries][2] == "<|im_start|>"
 
 
-@pytest.fixture(scope="module")
-def smol(smollm2: Path) -> Iterator[tuple[Weights, Context, Context]]:
-    w = Weights(smollm2, n_gpu_layers=0)
-    ctx, dctx = Context(w, ContextParams(n_ctx=512)), Context(w, ContextParams(n_ctx=512))
-    yield w, ctx, dctx
-    for x in (dctx, ctx, w):
-        x.close()
-
-
-def test_smollm2_trigger_on_a_preserved_control_token(smol: tuple[Weights, Context, Context]) -> None:
+def test_smollm2_trigger_on_a_preserved_control_token(smollm2_engines: tuple[Weights, Context, Context]) -> None:
     """SmolLM2 left at the end of a user turn opens the assistant's turn itself, with <|im_start|>: a
     trigger that includes that control token's text fires only when it is preserved."""
-    w, ctx, dctx = smol
+    w, ctx, dctx = smollm2_engines
     prompt = w.tokenize("<|im_start|>user\nGive me a JSON object with your name.<|im_end|>\n",
                         add_special=False, parse_special=True)
     keep = frozenset(w.special_ids(["<|im_start|>"]))

@@ -332,26 +332,14 @@ COPY = (
 STORY = "Write a story about a fox who learns to sail a small boat across a lake."
 
 
-@pytest.fixture(scope="module")
-def smol(smollm2: Path) -> Iterator[tuple[Weights, Context, Context]]:
-    """SmolLM2 as the target and as its own draft model (it always agrees; its step costs what
-    the hand-set cost model says)."""
-    w = Weights(smollm2, n_gpu_layers=0)
-    params = ContextParams(n_ctx=1024)
-    ctx, dctx = Context(w, params), Context(w, params)
-    yield w, ctx, dctx
-    dctx.close()
-    ctx.close()
-    w.close()
-
-
 def chat(w: Weights, text: str) -> list[int]:
     return w.tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n",
                       add_special=False, parse_special=True)
 
 
-def test_copying_drafts_from_ngram_and_inventing_from_the_model(smol: tuple[Weights, Context, Context]) -> None:
-    w, ctx, dctx = smol
+def test_copying_drafts_from_ngram_and_inventing_from_the_model(
+        smollm2_engines: tuple[Weights, Context, Context]) -> None:
+    w, ctx, dctx = smollm2_engines
     for text, copying in ((COPY, True), (STORY, False)):
         prompt = chat(w, text)
         plain = generate(ctx, None, prompt, 96)

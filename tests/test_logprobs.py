@@ -6,7 +6,6 @@ draft, SmolLM2 drafting for itself) and on the tiny pair (a model draft that is 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -39,15 +38,6 @@ def result(items: list[object]) -> Result:
     return items[-1]
 
 
-@pytest.fixture(scope="module")
-def smol(smollm2: Path) -> Iterator[tuple[Weights, Context, Context]]:
-    w = Weights(smollm2, n_gpu_layers=0)
-    ctx, dctx = Context(w, ContextParams(n_ctx=1024)), Context(w, ContextParams(n_ctx=1024))
-    yield w, ctx, dctx
-    for x in (dctx, ctx, w):
-        x.close()
-
-
 def chat(w: Weights, text: str) -> list[int]:
     return w.tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n",
                       add_special=False, parse_special=True)
@@ -73,8 +63,8 @@ def check_shape(items: list[object], n_top: int) -> None:
         assert sum(np.exp(lps)) <= 1.0 + 1e-9
 
 
-def test_smollm2_logprobs_do_not_depend_on_the_drafter(smol: tuple[Weights, Context, Context]) -> None:
-    w, ctx, dctx = smol
+def test_smollm2_logprobs_do_not_depend_on_the_drafter(smollm2_engines: tuple[Weights, Context, Context]) -> None:
+    w, ctx, dctx = smollm2_engines
     accepted = {"ngram": 0, "model": 0}
     for text in ("Copy this list exactly: apples, bananas, cherries, dates, elderberries, figs, grapes.",
                  "Write a Python function that reverses a string."):
@@ -90,9 +80,9 @@ def test_smollm2_logprobs_do_not_depend_on_the_drafter(smol: tuple[Weights, Cont
     assert all(accepted.values()), accepted
 
 
-def test_logprobs_are_the_raw_logits_log_softmax(smol: tuple[Weights, Context, Context]) -> None:
+def test_logprobs_are_the_raw_logits_log_softmax(smollm2_engines: tuple[Weights, Context, Context]) -> None:
     """Of the target's raw logits, before penalties shape them (llama-server, post_sampling_probs off)."""
-    w, ctx, _ = smol
+    w, ctx, _ = smollm2_engines
     prompt = chat(w, "Say hello.")
     params = SamplingParams(temperature=0.0, repeat_penalty=1.5)
     first = entries(generate(ctx, None, prompt, 2, logprobs=5, params=params))[0]
