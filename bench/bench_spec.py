@@ -47,11 +47,12 @@ from prompts import PROMPTS, chat  # noqa: E402
 from sidecar.config.entries import build_entry  # noqa: E402
 from sidecar.config.loader import parse  # noqa: E402
 from sidecar.config.schema import NgramDraft  # noqa: E402
-from sidecar.engine.adaptive import CostModel, expected_tokens  # noqa: E402
+from sidecar.engine.adaptive import CostModel  # noqa: E402
 from sidecar.engine.drafters import NgramDrafter, common_prefix  # noqa: E402
 from sidecar.engine.llama import Context  # noqa: E402
 from sidecar.runtime.contract import Job, Outcome, Prompt  # noqa: E402
 from sidecar.runtime.manager import Runtime  # noqa: E402
+from sidecar.runtime.probe import predict_speedup  # noqa: E402
 
 OUT = REPO / "bench" / "out" / "models"
 LONG_ROWS = 33  # the n-gram bound is also given for drafts of up to 32 tokens
@@ -120,12 +121,9 @@ def agreement(target_tokens: list[int], prompt: list[int], draft_ctx: Context) -
 
 
 def bound(a: float, curve: list[float], c: float) -> tuple[float, int]:
-    best, best_k = 1.0, 0
-    for k in range(1, len(curve)):
-        r = expected_tokens(a, k) / ((k + a**k) * c + curve[k])  # curve[k] = v(k + 1)
-        if r > best:
-            best, best_k = r, k
-    return best, best_k
+    """The module docstring's bound (runtime.probe's prediction, in target steps), at least 1 (k = 0)."""
+    best, k = predict_speedup(a, [0.0, *curve], c)
+    return (best, k) if best > 1.0 else (1.0, 0)
 
 
 def ngram_bound(prompt: list[int], out: list[int], curve: list[float], draft: NgramDraft,
