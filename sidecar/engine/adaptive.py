@@ -119,25 +119,15 @@ class CostModel:
         t_start = time.perf_counter()
         deadline = float("inf") if budget is None else t_start + budget
         n_rows = len(self.t_step) - 1
-        ctx.clear()
-        if budget is not None and _cores_taken(ctx.n_threads):
-            self._prior(self._lone_step(ctx), n_rows)
-            self.calibration_seconds = time.perf_counter() - t_start
-            return
-        warm = self._time_decode(ctx, 1)  # warm-up: the one-token graph and the output buffer
+        probe, t1 = self._probe_steps(ctx, t_start, deadline, budget)
         base = len(ctx)
-        probe: list[float] = []
-        while len(probe) < 5 and time.perf_counter() < t_start + 0.25 * (deadline - t_start):
-            ctx.truncate(base)
-            probe.append(self._time_decode(ctx, 1))
-        # Steps that disagree, or too slow to take five in a quarter of the budget: the cores are shared.
-        contended = len(probe) < 5 or max(probe) > CONTENDED * min(probe)
-        if not contended:
+        if t1 is None:
             ctx.truncate(base)
             # Warm-up of the widest batch; far slower than the prior shape says is contention too.
-            contended = self._time_decode(ctx, n_rows) > 3 * min(probe) * prior_curve(n_rows) + 0.05
-        if budget is not None and contended:
-            self._prior(min(probe, default=warm), n_rows)
+            if self._time_decode(ctx, n_rows) > 3 * min(probe) * prior_curve(n_rows) + 0.05 and budget is not None:
+                t1 = min(probe)
+        if t1 is not None:
+            self._prior(t1, n_rows)
             ctx.clear()
             self.calibration_seconds = time.perf_counter() - t_start
             return
@@ -222,6 +212,29 @@ class CostModel:
         return best
 
     @classmethod
+    def _probe_steps(cls, ctx: Context, t_start: float, deadline: float,
+                     budget: float | None) -> tuple[list[float], float | None]:
+        """A warm-up, then up to five one-token steps from a cleared cache, in a quarter of the
+        budget (see calibrate): the steps, and where a budget is set and the machine looks
+        contended, the one-token time to scale a prior by (None: measure for real).
+
+        Contended: the cores are taken before anything runs (then one lone step is all that is
+        timed), or the steps disagree, or five do not fit in the quarter."""
+        ctx.clear()
+        if budget is not None and _cores_taken(ctx.n_threads):
+            return [], cls._lone_step(ctx)
+        warm = cls._time_decode(ctx, 1)  # the one-token graph and the output buffer
+        base = len(ctx)
+        steps: list[float] = []
+        while len(steps) < 5 and time.perf_counter() < t_start + 0.25 * (deadline - t_start):
+            ctx.truncate(base)
+            steps.append(cls._time_decode(ctx, 1))
+        if budget is not None and (len(steps) < 5 or max(steps) > CONTENDED * min(steps)):
+            return steps, min(steps, default=warm)
+        ctx.truncate(base)
+        return steps, None
+
+    @classmethod
     def _lone_step(cls, ctx: Context) -> float:
         """A one-token step on one thread, then the cache cleared: on a machine whose cores are
         all taken, where threads that wait for each other stall, the one scale worth having."""
@@ -246,25 +259,13 @@ class CostModel:
         deadline = float("inf") if budget is None else t_start + budget
         step = prefill = float("inf")
         m = max(1, min(64, draft.n_ctx - 4))  # prefilled tokens, then four steps
+        _, t1 = self._probe_steps(draft, t_start, deadline, budget)
         draft.clear()
-        if budget is not None and _cores_taken(draft.n_threads):
-            t1 = self._lone_step(draft)
+        if t1 is not None:
             self.t_draft, self.t_catchup = t1, t1 * PRIOR_CATCHUP
             self.set_provisional(True)
             self.calibration_seconds += time.perf_counter() - t_start
             return False
-        warm = self._time_decode(draft, 1)
-        steps: list[float] = []
-        while len(steps) < 5 and time.perf_counter() < t_start + 0.25 * (deadline - t_start):
-            steps.append(self._time_decode(draft, 1))
-        if budget is not None and (len(steps) < 5 or max(steps) > CONTENDED * min(steps)):  # see calibrate
-            draft.clear()
-            t1 = min(steps, default=warm)
-            self.t_draft, self.t_catchup = t1, t1 * PRIOR_CATCHUP
-            self.set_provisional(True)
-            self.calibration_seconds += time.perf_counter() - t_start
-            return False
-        draft.clear()
         draft.prefill([0] * m)  # warm-up, and the graphs for both shapes
         draft.decode([0])
         for rep in range(reps):
