@@ -21,7 +21,6 @@ from pathlib import Path
 from sidecar.config.entries import PairEntry, build_entry
 from sidecar.config.loader import Prepared
 from sidecar.config.schema import NAME_RE, AutoDraft, ModelDraft, Pair
-from sidecar.models.resolve import ModelNotFound, resolve
 from sidecar.runtime.suggest import TargetSuggestion, suggest
 
 log = logging.getLogger("sidecar.runtime")
@@ -37,7 +36,7 @@ def expand(prepared: Prepared) -> Prepared:
     except Exception as e:  # a store that cannot be read must not stop the explicit pairs
         log.warning("cannot scan the model stores for drafts: %s", e)
         advice = []
-    by_path = _by_path(advice, prepared)
+    by_path = _by_path(advice)
     for name in wants_auto:
         entry = prepared.entries[name]
         prepared.entries[name] = _with_auto_draft(entry, by_path.get(entry.target.path.resolve()), prepared)
@@ -57,15 +56,9 @@ def expand(prepared: Prepared) -> Prepared:
     return prepared
 
 
-def _by_path(advice: list[TargetSuggestion], prepared: Prepared) -> dict[Path, TargetSuggestion]:
+def _by_path(advice: list[TargetSuggestion]) -> dict[Path, TargetSuggestion]:
     """Suggestions by the target's file, which is how a pair's `from` meets the catalog's names."""
-    out: dict[Path, TargetSuggestion] = {}
-    for ts in advice:
-        try:
-            out[resolve(ts.target, base=prepared.base, stores=prepared.stores).path.resolve()] = ts
-        except ModelNotFound:  # listed but not resolvable: nothing to pair with
-            continue
-    return out
+    return {ts.path.resolve(): ts for ts in advice if ts.path is not None}
 
 
 def _with_auto_draft(entry: PairEntry, ts: TargetSuggestion | None, prepared: Prepared) -> PairEntry:

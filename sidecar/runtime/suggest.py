@@ -60,6 +60,7 @@ class TargetSuggestion:
     target: str  # as clients name it
     drafts: list[DraftAdvice]  # best first
     probed: bool = False  # whether the top candidates were measured
+    path: Path | None = None  # the target's GGUF, as the store listing resolved it
 
     @property
     def recommended(self) -> DraftAdvice | None:
@@ -143,7 +144,7 @@ def suggest(stores: Stores, *, probe: bool = False, cached: bool = False, settin
         drafts = [DraftAdvice(s.name, s.score, s.why) for s in ranked]
         if (probe or cached) and drafts:
             drafts = _probe_target(target, paths[target], drafts, paths, settings, probes, top, progress, probe)
-        out.append(TargetSuggestion(target, drafts, probe))
+        out.append(TargetSuggestion(target, drafts, probe, paths.get(target)))
     return out
 
 
