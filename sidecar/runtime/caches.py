@@ -37,14 +37,14 @@ class SuffixCaches:
         spec = entry.config.speculative
         if spec.cache == "off" or entry.ngram is None:
             return None
-        vocab = vocab_id(weights)
-        key = f"pair:{entry.name}" if spec.cache == "pair" else f"vocab:{vocab}"
+        vocab = vocab_id(weights) if spec.cache == "global" else None  # tens of ms: only when needed
+        key = f"pair:{entry.name}" if vocab is None else f"vocab:{vocab}"
         path = (entry.base / spec.cache_file) if spec.cache_file and entry.base else \
             Path(spec.cache_file).expanduser() if spec.cache_file else None
         with self._lock:
             held = self._caches.get(key)
             if held is None:
-                cache = SuffixCache(capacity=spec.cache_tokens, vocab=vocab)
+                cache = SuffixCache(capacity=spec.cache_tokens, vocab=vocab or vocab_id(weights))
                 if path is not None and cache.load(path):
                     log.info("suffix cache for %s: %d tokens from %s", entry.name, cache.size, path)
                 held = self._caches[key] = (cache, path)
