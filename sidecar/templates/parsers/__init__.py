@@ -4,7 +4,7 @@ A model names its parser in its Modelfile (`PARSER qwen3`) or, for gpt-oss, gets
 its template. `parser_for_name` gives a fresh parser for the names ported here and None for the
 rest; `KNOWN_PARSER_NAMES` holds every name Ollama knows (model/parsers/parsers.go), so a caller can
 tell a built-in parser that is not ported from a name that is no parser at all. Models without a
-built-in parser get the generic tag parser from `thinking`.
+built-in parser get `TemplateParser` (generic), which has the same shape.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from sidecar.templates.parsers.base import (
     ToolCall,
     think_enabled,
 )
+from sidecar.templates.parsers.generic import TemplateParser
 from sidecar.templates.parsers.harmony import HarmonyMessageHandler
 from sidecar.templates.parsers.qwen3 import Qwen3Parser
 from sidecar.templates.parsers.thinking import ThinkingParser, thinking_parser_for
@@ -83,6 +84,7 @@ __all__ = [
     "ParserError",
     "PassthroughParser",
     "Qwen3Parser",
+    "TemplateParser",
     "ThinkValue",
     "ThinkingParser",
     "Tool",

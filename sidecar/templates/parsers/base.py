@@ -2,8 +2,10 @@
 
 A parser is made fresh for each request, initialised once with the request's tools, the last
 message of the conversation (so a prefilled assistant turn continues in the right section) and the
-request's `think` value, then fed the model's output piece by piece. Each `add` returns only what
-became final with that piece; text that could still turn out to be a tag stays inside the parser.
+request's `think` value, shown the rendered prompt (`begin`), then fed the model's output piece by
+piece. Each `add` returns only what became final with that piece; text that could still turn out to
+be a tag stays inside the parser. The generic parser for models without a built-in one (`generic`)
+has this shape too, so a caller has one path for all of them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ class ParserError(ValueError):
 class Parser(Protocol):
     def init(self, tools: list[Tool] | None, last_message: Message | None, think: ThinkValue) -> list[Tool] | None:
         """Prepare for one request; returns the tools as the prompt should show them (harmony renames them)."""
+        ...
+
+    def begin(self, prompt: str) -> None:
+        """The rendered prompt the output continues (a template may already open the thinking section)."""
         ...
 
     def add(self, text: str, done: bool) -> tuple[str, str, list[ToolCall]]:
@@ -68,6 +74,9 @@ class PassthroughParser:
 
     def init(self, tools: list[Tool] | None, last_message: Message | None, think: ThinkValue) -> list[Tool] | None:
         return tools
+
+    def begin(self, prompt: str) -> None:
+        pass
 
     def add(self, text: str, done: bool) -> tuple[str, str, list[ToolCall]]:
         return text, "", []

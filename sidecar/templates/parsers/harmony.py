@@ -272,6 +272,9 @@ class HarmonyMessageHandler:
             renamed.append(tool)
         return renamed
 
+    def begin(self, prompt: str) -> None:
+        """Nothing to learn from the prompt: init started the assistant turn from the last message."""
+
     def add_content(self, text: str) -> tuple[str, str, str]:
         """(content, thinking, tool-call text) in `text`; the tool-call text still has to be decoded."""
         content: list[str] = []

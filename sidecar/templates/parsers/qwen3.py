@@ -85,6 +85,9 @@ class Qwen3Parser:
             self._maybe_thinking_open_at_bol = False
         return tools
 
+    def begin(self, prompt: str) -> None:
+        """Nothing to learn from the prompt: init already knows whether it opened the thinking."""
+
     def add(self, text: str, done: bool) -> tuple[str, str, list[ToolCall]]:
         self._buffer += text
         content: list[str] = []
