@@ -50,9 +50,9 @@ from sidecar.config.schema import NgramDraft  # noqa: E402
 from sidecar.engine.adaptive import CostModel  # noqa: E402
 from sidecar.engine.drafters import NgramDrafter, common_prefix  # noqa: E402
 from sidecar.engine.llama import Context  # noqa: E402
+from sidecar.pairing.probe import predict_speedup  # noqa: E402
 from sidecar.runtime.contract import Job, Outcome, Prompt  # noqa: E402
 from sidecar.runtime.manager import Runtime  # noqa: E402
-from sidecar.runtime.probe import predict_speedup  # noqa: E402
 
 OUT = REPO / "bench" / "out" / "models"
 LONG_ROWS = 33  # the n-gram bound is also given for drafts of up to 32 tokens
@@ -121,7 +121,7 @@ def agreement(target_tokens: list[int], prompt: list[int], draft_ctx: Context) -
 
 
 def bound(a: float, curve: list[float], c: float) -> tuple[float, int]:
-    """The module docstring's bound (runtime.probe's prediction, in target steps), at least 1 (k = 0)."""
+    """The module docstring's bound (pairing.probe's prediction, in target steps), at least 1 (k = 0)."""
     best, k = predict_speedup(a, [0.0, *curve], c)
     return (best, k) if best > 1.0 else (1.0, 0)
 

@@ -24,9 +24,9 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench_spec import OUT, ensure_models  # noqa: E402
 from derive_models import smollm2_path  # noqa: E402
 
-from sidecar.models.catalog import find_drafts  # noqa: E402
+from sidecar.models.cache import FileCache  # noqa: E402
 from sidecar.models.resolve import Stores  # noqa: E402
-from sidecar.models.vocab import FileCache  # noqa: E402
+from sidecar.pairing.catalog import find_drafts  # noqa: E402
 from tests.stores import add_ollama_model  # noqa: E402
 
 

@@ -203,7 +203,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     Prints one row per pair and exits 1 on any problem, so it can gate a deploy or a reload."""
     from sidecar.config.loader import load_file
-    from sidecar.runtime import auto, render
+    from sidecar.pairing import auto
+    from sidecar.runtime import render
 
     path = default_path(args.config)
     try:
@@ -252,7 +253,7 @@ def _print_backend(entries: Iterable[PairEntry]) -> None:
 def _check_draft(entry: PairEntry) -> str:
     """llama.cpp's draft/target vocabulary rules, on the real files (CPU only, memory-mapped)."""
     from sidecar.engine.llama import Weights
-    from sidecar.engine.pairing import check_pair
+    from sidecar.pairing.rules import check_pair
 
     assert entry.draft is not None
     loaded: list[Weights] = []
@@ -273,14 +274,16 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     snippet; --probe measures the top candidates on this machine (cached, so a rerun is instant)."""
     import json
 
-    from sidecar.runtime.suggest import configured_stores, format_table, pairs_snippet, suggest
+    from sidecar.pairing.suggest import configured_stores, format_table, pairs_snippet, suggest
 
     try:
         stores = configured_stores(default_path(args.config))
     except ConfigError as e:
         print(f"{e}", file=sys.stderr)
         return 1
-    results = suggest(stores, probe=args.probe, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    # Without --probe the results already cached still show: measuring is what --probe adds.
+    results = suggest(stores, probe=args.probe, cached=True,
+                      progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=2))
     else:

@@ -13,11 +13,11 @@ from typing import Any
 import gguf
 import pytest
 
-import sidecar.models.catalog as catalog
-from sidecar.engine.ranking import Profile, rank_drafts, size_factor
-from sidecar.models.catalog import NOT_GGUF, CatalogEntry, find_drafts, list_models, ollama_short_name
+import sidecar.pairing.catalog as catalog
+from sidecar.models.cache import FileCache
 from sidecar.models.resolve import Stores, resolve
-from sidecar.models.vocab import FileCache
+from sidecar.pairing.catalog import NOT_GGUF, CatalogEntry, find_drafts, list_models, ollama_short_name
+from sidecar.pairing.ranking import Profile, rank_drafts, size_factor
 from tests.models import write_tiny_llama
 
 MEDIA = "application/vnd.ollama.image."

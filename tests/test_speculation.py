@@ -13,8 +13,8 @@ from sidecar.engine.adaptive import CostModel, SpeculativeConfig
 from sidecar.engine.decoder import Decoder, Request, Result
 from sidecar.engine.drafters import ModelDrafter
 from sidecar.engine.llama import Context, ContextParams, Weights
-from sidecar.engine.pairing import IncompatibleDraft, check_pair
 from sidecar.engine.sampling import SamplingParams
+from sidecar.pairing.rules import IncompatibleDraft, check_pair
 from tests.conftest import SMOLLM2_REF, Daemon, write_config
 from tests.models import write_tiny_llama
 

@@ -19,16 +19,17 @@ import pytest
 
 import tests.models as factory
 from sidecar.engine.llama import Weights
-from sidecar.engine.pairing import IncompatibleDraft, check_pair, digest_mismatch
+from sidecar.models.cache import FileCache
 from sidecar.models.gguf import FILE_TYPES, ArrayInfo, GGUFError, read_header, read_metadata
-from sidecar.models.vocab import (
+from sidecar.pairing.rules import IncompatibleDraft, check_pair, digest_mismatch
+from sidecar.pairing.vocab import (
     TOKENS_KEY,
     VOCAB_TYPES,
-    FileCache,
     FileVocab,
     Fingerprint,
     VocabError,
     read_vocab,
+    vocab_id,
 )
 from sidecar.storage import cache_dir
 from tests.models import write_tiny_llama
@@ -81,6 +82,8 @@ def same_as_llama_cpp(path: Path) -> None:
     try:
         assert astuple(v.vocab_info()) == astuple(w.vocab_info())
         assert [v.token_text(i) for i in range(w.n_vocab)] == [w.token_text(i) for i in range(w.n_vocab)]
+        # One identity, whichever way the vocabulary was read.
+        assert vocab_id(w) == vocab_id(v) == v.fingerprint().vocab_id
     finally:
         w.close()
 

@@ -11,6 +11,8 @@ Nothing here is thread-safe: one worker thread owns each Context (see runtime.wo
 from __future__ import annotations
 
 import ctypes
+import functools
+import hashlib
 import os
 import threading
 from collections.abc import Iterable, Sequence
@@ -72,9 +74,16 @@ def system_info() -> str:
     return C.llama_print_system_info().decode("utf-8", "replace").strip()
 
 
+@functools.cache
+def backend_id() -> str:
+    """A short hash of system_info(): the build and the backends (CPU features, GPUs) it runs on, which
+    every timing kept between runs (cost curves, probes) is measured under."""
+    return hashlib.sha256(system_info().encode()).hexdigest()[:12]
+
+
 @dataclass(frozen=True)
 class VocabInfo:
-    """What llama.cpp's draft compatibility check compares (see engine.pairing)."""
+    """What llama.cpp's draft compatibility check compares (pairing.rules), and the one type for these facts."""
 
     type: int
     n_tokens: int

@@ -8,7 +8,8 @@ completes the stop (generation ends, the stop is not emitted) or stops matching 
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterable
+
+from sidecar.holdback import partial_suffix
 
 
 class TextStream:
@@ -40,20 +41,6 @@ class TextStream:
         rest = self._held + self._decoder.decode(b"", final=True)
         self._held = ""
         return rest
-
-
-def partial_suffix(text: str, needles: Iterable[str]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of one of `needles`.
-
-    That much of a stream must be held back: the next piece may complete a stop string (or a
-    tag), and then it must not have been shown."""
-    best = 0
-    for s in needles:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
 
 
 class Trigger:

@@ -9,7 +9,6 @@ text for a continuation learnt from one model to draft for another); `off` draft
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from pathlib import Path
@@ -17,14 +16,9 @@ from pathlib import Path
 from sidecar.config.entries import PairEntry
 from sidecar.engine.llama import Weights
 from sidecar.engine.suffix import SuffixCache
+from sidecar.pairing.vocab import vocab_id
 
 log = logging.getLogger("sidecar.runtime")
-
-
-def vocab_id(weights: Weights) -> str:
-    """What makes two models' token ids interchangeable: every token's text (tens of ms, at load)."""
-    texts = b"\0".join(weights.token_text(i) for i in range(weights.n_vocab))
-    return f"{hashlib.sha256(texts).hexdigest()[:16]}-{weights.n_vocab}"
 
 
 class SuffixCaches:

@@ -33,7 +33,7 @@ from typing import Any
 from sidecar.config.entries import Changes, PairEntry
 from sidecar.config.loader import ConfigError, Prepared, config_hash, load_file, prepare, read_bytes
 from sidecar.config.schema import Config
-from sidecar.runtime import auto
+from sidecar.pairing import auto
 from sidecar.runtime.manager import Runtime
 
 log = logging.getLogger("sidecar.config")

@@ -21,7 +21,7 @@ import re
 import string
 from typing import Any
 
-from sidecar.engine.text import partial_suffix
+from sidecar.holdback import partial_suffix
 from sidecar.templates.gotemplate import GoTemplate, TemplateError
 from sidecar.templates.tags import find_tool_call_node, tool_call_tag
 

@@ -1,36 +1,37 @@
 """Measuring, on this machine, whether a draft would speed a target up: one generation's worth of work.
 
-The facts in the files (engine.ranking) say which drafts are worth a look, not whether one pays:
+The facts in the files (pairing.ranking) say which drafts are worth a look, not whether one pays:
 that takes the draft's agreement with the target and what each costs here. A probe measures both.
 
 **Agreement.** For each built-in prompt (code, prose, chat; a user turn rendered with the target's
-own chat template), greedy speculative decoding runs for real, with long drafts: the draft proposes
-its greedy tokens, the target scores them all in one batch, the agreeing prefix and the target's
-own next token are kept, and the draft goes on from there. The draft length doubles up to
-DRAFT_MAX while drafts are accepted and falls back to twice the last accepted run (2 at least)
-after a rejection. Every drafted position the target examined is one trial, so `a` = accepted /
-(accepted + rejected) is the per-position acceptance along the target's own output, whatever the
-draft lengths were. A prompt ends after `n_tokens` tokens, at an end-of-generation token, or after
-MAX_REJECTIONS rejections (enough to tell a useless draft), so the target decodes about n_tokens
-rows in a handful of batches: the probe costs about one generation, as teacher-forcing the draft
-over the target's output would take n_tokens target steps. Scoring one whole draft continuation in
-one pass would be cheaper still, but wrong where it matters: a draft that falls into a loop drags
-the target into predicting the loop (a draft with its logits negated, repeating junk, "agreed" on
-66% of it). The mean run is tokens accepted per rejection, an estimate of a / (1 - a).
+own chat template) the engine's own Decoder runs greedy speculative decoding with the draft at a
+fixed length (n_max a round, `adaptive` off: llama.cpp's rule), so what is measured is what serving
+does, and nothing in it depends on timing: under greedy decoding the agreement is the same on a
+busy machine as on a quiet one. Every drafted position the target examined is one trial, so
+`a` = accepted / (accepted + rejected) is the per-position acceptance along the target's own
+output. A prompt stops after n_tokens // (n_max + 1) rounds, so no round is cut short by the token
+budget (a round that is counts as a rejection); that bounds a useless draft to a few rounds and
+costs a good one about n_tokens target rows in a handful of batches: about one generation.
 
 **Cost.** The target's verify curve t_step(n), seconds to decode n rows (CostModel.calibrate, on a
-small context), and the draft's one-token step t_draft (CostModel.calibrate_draft).
+small context), and the draft's one-token step t_draft (CostModel.calibrate_draft), both measured
+the way a load measures them, which tells a busy machine (other processes holding the cores, or
+repetitions that disagree). Timings measured there are never kept: the agreement is cached alone
+(a rerun measures nothing), and it is priced from the files (`estimate`: the CPU's prior verify
+curve, a draft step costing the files' size ratio of a target step: a decode reads every weight
+once), so the right draft still comes first. Where the daemon has served the models on a quiet
+machine, its own measurements (pairing.costs) price the agreement instead, the probe's timings
+included: the serving cost model overturns a verdict taken on stale timings.
 
-**Predicted speed-up**, the bound bench/bench_spec.py prints, for independent positions:
+**Predicted speed-up**, the bound bench/bench_spec.py prints, for independent positions, priced as
+the planner prices a round (engine.adaptive.round_seconds):
 
-    speed-up = max over k = 1..n_max of  E(a, k) * t_step(1) / ((k + a^k) * t_draft + t_step(k + 1))
+    speed-up = max over k = 1..n_max of  E(a, k) * t_step(1) / round_seconds(k, t_draft, t_step(k + 1))
     E(a, k) = (1 - a^(k+1)) / (1 - a)          (tokens a round of k drafts emits)
 
-A round costs k draft steps, one more when all k are accepted (probability a^k: the draft never
-decoded its own last guess and must before it drafts on), and one target pass over k + 1 rows;
 plain decoding costs t_step(1) a token. Not counted: sampling, and the draft's prefill of each
 prompt (once a request, amortised over its output). A draft pays when the bound reaches MIN_GAIN,
-the gain the planner (engine.adaptive) itself needs before it starts drafting.
+the gain the planner itself needs before it starts drafting.
 
 Results are cached (`ProbeCache`) per target file, draft file, llama.cpp build and backend (its
 system info), threads, GPU layers and probe settings, so `sidecar suggest --probe` and `draft:
@@ -42,32 +43,31 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig, expected_tokens
-from sidecar.engine.drafters import common_prefix
-from sidecar.engine.llama import Context, ContextParams, Weights, default_threads
-from sidecar.engine.pairing import check_pair
+from sidecar.engine.adaptive import CostModel, SpeculativeConfig, expected_tokens, prior_curve, round_seconds
+from sidecar.engine.decoder import Decoder, Request, Result
+from sidecar.engine.drafters import ModelDrafter
+from sidecar.engine.llama import Context, ContextParams, Weights, backend_id, default_threads
+from sidecar.engine.sampling import SamplingParams
+from sidecar.models.cache import FileCache
 from sidecar.models.gguf import GGUFError, read_header
-from sidecar.models.vocab import FileCache
-from sidecar.runtime.curves import backend_id
-from sidecar.runtime.render import TemplateSource, chat_template
+from sidecar.pairing.costs import ServedCosts
+from sidecar.pairing.rules import check_pair
 from sidecar.storage import KeyedCache, cache_dir
-from sidecar.templates.chat import TemplateError
+from sidecar.templates.chat import JinjaChatTemplate, TemplateError
 
-log = logging.getLogger("sidecar.runtime")
+log = logging.getLogger("sidecar.pairing")
 
 MIN_GAIN = SpeculativeConfig.min_gain
-DRAFT_MAX = 16  # longest draft a probe round verifies
-MAX_REJECTIONS = 8  # per prompt: a / (1 - a) is known well enough by then, and a useless draft stops
-PROBE_VERSION = 1  # bump when the method changes: results measured the old way are then not reused
+PROBE_VERSION = 2  # bump when the method changes: results measured the old way are then not reused
 CACHE_FORMAT = "spec-sidecar/probe"
+GREEDY = SamplingParams(temperature=0.0)
 
 PROMPTS: tuple[str, ...] = (
     "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring "
@@ -84,7 +84,7 @@ class ProbeSettings:
 
     prompts: tuple[str, ...] = PROMPTS
     n_tokens: int = 128  # most tokens the speculation on each prompt produces
-    n_max: int = SpeculativeConfig.n_max  # longest draft round the prediction considers
+    n_max: int = SpeculativeConfig.n_max  # the probe's draft length, and the longest the prediction considers
     n_ctx: int = 512
     threads: int = 0  # 0: every CPU this process may use
     n_gpu_layers: int = -1  # -1: all, where llama.cpp has a GPU backend
@@ -99,6 +99,11 @@ class ProbeSettings:
     @property
     def n_threads(self) -> int:
         return self.threads or default_threads()
+
+    @property
+    def rounds(self) -> int:
+        """Rounds per prompt: none of them cut short by n_tokens (module docstring), one at least."""
+        return max(1, self.n_tokens // (self.n_max + 1))
 
     def context(self) -> ContextParams:
         return ContextParams(n_ctx=self.n_ctx, n_batch=min(512, self.n_ctx), n_threads=self.n_threads)
@@ -118,10 +123,16 @@ def predict_speedup(a: float, t_step: Sequence[float], t_draft: float) -> tuple[
     Below 1 when no draft length beats plain decoding (the best k is still given, for the record)."""
     best, best_k = 0.0, 1
     for k in range(1, len(t_step) - 1):
-        rate = expected_tokens(a, k) * t_step[1] / ((k + a**k) * t_draft + t_step[k + 1])
+        rate = expected_tokens(a, k) * t_step[1] / round_seconds(k, t_draft, t_step[k + 1])
         if rate > best:
             best, best_k = rate, k
     return best, best_k
+
+
+def estimate(target: Path, draft: Path, n_max: int) -> tuple[tuple[float, ...], float]:
+    """Timings from the files alone, in one-token target steps: the prior verify curve, and a draft
+    step at the draft's share of the target's bytes. Raises OSError for a file that is not there."""
+    return (0.0, *(prior_curve(n) for n in range(1, n_max + 2))), draft.stat().st_size / target.stat().st_size
 
 
 @dataclass(frozen=True)
@@ -131,6 +142,9 @@ class ProbeResult:
     positions: int  # drafted tokens the target examined
     t_step: tuple[float, ...]  # seconds for the target to decode n rows, n = 0..n_max + 1 ([0] is 0)
     t_draft: float  # seconds per draft step
+    # Whether the timings were measured on a quiet machine: only then are they cached with the agreement.
+    quiet: bool = True
+    timings: str = "probe"  # what priced the agreement: probe, served (pairing.costs) or files (estimate)
 
     @property
     def speedup(self) -> float:
@@ -144,15 +158,20 @@ class ProbeResult:
         return self.speedup >= min_gain
 
     def to_json(self) -> dict[str, Any]:
-        return {"agreement": self.agreement, "mean_run": self.mean_run, "positions": self.positions,
-                "t_step": list(self.t_step), "t_draft": self.t_draft}
+        """The agreement always; the timings only when measured on a quiet machine."""
+        out: dict[str, Any] = {"agreement": self.agreement, "mean_run": self.mean_run, "positions": self.positions}
+        if self.quiet and self.timings == "probe":
+            out |= {"t_step": list(self.t_step), "t_draft": self.t_draft}
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ProbeResult:
         """Raises KeyError/TypeError/ValueError on anything but what to_json wrote."""
-        t_step = tuple(float(t) for t in d["t_step"])
-        result = cls(float(d["agreement"]), float(d["mean_run"]), int(d["positions"]), t_step, float(d["t_draft"]))
-        if len(t_step) < 3 or t_step[1] <= 0 or not 0.0 <= result.agreement <= 1.0:
+        t_step = tuple(float(t) for t in d.get("t_step", ()))
+        quiet = "t_step" in d
+        result = cls(float(d["agreement"]), float(d["mean_run"]), int(d["positions"]), t_step,
+                     float(d["t_draft"]) if quiet else 0.0, quiet)
+        if (quiet and (len(t_step) < 3 or t_step[1] <= 0)) or not 0.0 <= result.agreement <= 1.0:
             raise ValueError("not a measurement")
         return result
 
@@ -190,9 +209,11 @@ def _prompt_tokens(weights: Weights, template: str | None, text: str, room: int)
     """A user turn through the GGUF's chat template (the text alone without one), at most `room` tokens."""
     rendered = text
     if template:
+        vi = weights.vocab_info()
+        bos = weights.token_text(vi.bos).decode("utf-8", "replace") if vi.bos >= 0 else ""
+        eos = weights.token_text(vi.eos).decode("utf-8", "replace") if vi.eos >= 0 else ""
         try:
-            rendered = chat_template(TemplateSource(template, go=False), weights).render(
-                [{"role": "user", "content": text}])
+            rendered = JinjaChatTemplate(template, bos, eos).render([{"role": "user", "content": text}])
         except TemplateError as e:
             log.info("probe: %s cannot render a user turn (%s); using the bare text", weights.path.name, e)
     tokens = weights.tokenize(rendered, add_special=not weights.starts_with_bos(rendered), parse_special=True)
@@ -206,7 +227,8 @@ def load_target(path: Path, settings: ProbeSettings) -> LoadedTarget:
         ctx = Context(weights, settings.context())
         stack.callback(ctx.close)
         cost = CostModel(settings.n_max + 1)
-        cost.calibrate(ctx, reps=settings.reps)
+        # An unbounded budget measures every size, and still tells a busy machine (provisional).
+        cost.calibrate(ctx, reps=settings.reps, budget=math.inf)
         try:
             template = read_header(path).metadata.get("tokenizer.chat_template")
         except GGUFError:
@@ -218,43 +240,27 @@ def load_target(path: Path, settings: ProbeSettings) -> LoadedTarget:
     return LoadedTarget(weights, ctx, cost, prompts)
 
 
-def _draft(ctx: Context, committed: list[int], k: int) -> list[int]:
-    """k greedy draft tokens after `committed` (fewer if one ends the generation); the draft's cache
-    keeps what it shares with `committed` and decodes the rest, as engine.drafters.ModelDrafter does."""
-    keep = common_prefix(ctx.tokens, committed[:-1])
-    ctx.truncate(keep)
-    ctx.prefill(committed[keep:-1])
-    logits = ctx.decode(committed[-1:], rows=[0])[0]
-    out: list[int] = []
-    while True:
-        out.append(int(np.argmax(logits)))
-        if len(out) == k or ctx.weights.is_eog(out[-1]):
-            return out
-        logits = ctx.decode(out[-1:], rows=[0])[0]
+def _speculate(decoder: Decoder, prompt: list[int], settings: ProbeSettings) -> tuple[int, int]:
+    """Greedy speculation from `prompt` through the engine's Decoder: (drafted tokens accepted, rejected).
 
+    A round rejects a draft unless it accepted every token of it, and every round but a last one cut
+    short by an end of generation drafts n_max, so the rounds that accepted all of theirs are
+    those whose n_max-th token was accepted."""
+    rounds = 0
 
-def _speculate(target: Context, draft: Context, prompt: list[int], n_tokens: int) -> tuple[int, int]:
-    """Greedy speculation from `prompt` (module docstring): (drafted tokens accepted, rejected)."""
-    committed = list(prompt)
-    target.clear()
-    draft.clear()
-    target.prefill(prompt[:-1])  # the last committed token is always the one still to be scored
-    accepted = rejected = 0
-    k = 2
-    while len(committed) - len(prompt) < n_tokens and rejected < MAX_REJECTIONS:
-        drafted = _draft(draft, committed, min(k, n_tokens - (len(committed) - len(prompt))))
-        logits = target.decode(committed[-1:] + drafted)
-        best = np.argmax(logits, axis=1)
-        n = next((i for i, tok in enumerate(drafted) if best[i] != tok), len(drafted))
-        accepted += n
-        rejected += int(n < len(drafted))
-        target.truncate(len(committed) + n)  # drop what the target scored past the agreeing prefix
-        committed += [*drafted[:n], int(best[n])]
-        if target.weights.is_eog(committed[-1]) or (n and target.weights.is_eog(drafted[n - 1])):
-            break
-        k = min(DRAFT_MAX, 2 * k) if n == len(drafted) else max(2, 2 * n)
-    target.clear()
-    return accepted, rejected
+    def enough() -> bool:  # asked once before each round
+        nonlocal rounds
+        rounds += 1
+        return rounds > settings.rounds
+
+    result: Result | None = None
+    for item in decoder.generate(Request(prompt, sampling=GREEDY, num_predict=settings.n_tokens), enough):
+        if isinstance(item, Result):
+            result = item
+    assert result is not None, "a generation ends with its Result"
+    per_pos, k = result.accepted_per_pos, settings.n_max
+    whole = per_pos[k - 1] if len(per_pos) >= k else 0
+    return result.draft_accepted_tokens, result.draft_rounds - whole
 
 
 def measure(target: LoadedTarget, draft: Path, settings: ProbeSettings) -> ProbeResult:
@@ -268,23 +274,31 @@ def measure(target: LoadedTarget, draft: Path, settings: ProbeSettings) -> Probe
         ctx = Context(weights, settings.context())
         stack.callback(ctx.close)
         timing = CostModel(1)
-        timing.calibrate_draft(ctx, reps=settings.reps)
-        runs = [_speculate(target.ctx, ctx, p, settings.n_tokens) for p in target.prompts]
+        quiet = timing.calibrate_draft(ctx, reps=settings.reps, budget=math.inf) and not target.cost.provisional
+        config = SpeculativeConfig(n_max=settings.n_max, min_predict=0, adaptive=False)
+        decoder = Decoder(target.ctx, ModelDrafter(ctx), config, CostModel(settings.n_max + 1))
+        runs = [_speculate(decoder, p, settings) for p in target.prompts]
+        target.ctx.clear()
     accepted, rejected = sum(r[0] for r in runs), sum(r[1] for r in runs)
     return ProbeResult(accepted / max(1, accepted + rejected), accepted / max(1, rejected), accepted + rejected,
-                       tuple(target.cost.t_step), timing.t_draft)
+                       tuple(target.cost.t_step), timing.t_draft, quiet)
 
 
 class Prober:
-    """Probes drafts for one target, through the cache.
+    """Probes drafts for one target, through the cache, and prices each agreement with the best
+    timings there are: the daemon's served measurements, else the probe's own quiet ones, else an
+    estimate from the files (module docstring).
 
     The target loads, and its verify curve is measured, at the first draft the cache does not know;
-    a target that fails to load fails every later probe at once rather than loading again."""
+    a target that fails to load fails every later probe at once
+    rather than loading again."""
 
-    def __init__(self, target: Path, settings: ProbeSettings | None = None, cache: ProbeCache | None = None) -> None:
+    def __init__(self, target: Path, settings: ProbeSettings | None = None, cache: ProbeCache | None = None,
+                 served: ServedCosts | None = None) -> None:
         self.target = target
         self.settings = settings or DEFAULT_SETTINGS
         self.cache = cache or ProbeCache()
+        self.served = served or ServedCosts()
         self._loaded: LoadedTarget | None = None
         self._failed: Exception | None = None
 
@@ -296,13 +310,15 @@ class Prober:
                 "settings": s.fingerprint()}
 
     def cached(self, draft: Path) -> ProbeResult | None:
-        return self.cache.get(self.key(draft))
+        hit = self.cache.get(self.key(draft))
+        return self._priced(draft, hit) if hit is not None else None
 
     def probe(self, draft: Path) -> ProbeResult:
+        """The cached result, else a measurement, cached (its timings only if quiet)."""
         key = self.key(draft)
         hit = self.cache.get(key)
         if hit is not None:
-            return hit
+            return self._priced(draft, hit)
         if self._failed is not None:
             raise self._failed
         if self._loaded is None:
@@ -312,8 +328,26 @@ class Prober:
                 self._failed = e
                 raise
         result = measure(self._loaded, draft, self.settings)
+        if not result.quiet:
+            log.info("probe: the machine is busy; the agreement of %s with %s is kept, its timings are not",
+                     draft.name, self.target.name)
         self.cache.put(key, result)
-        return result
+        return self._priced(draft, result)
+
+    def _priced(self, draft: Path, result: ProbeResult) -> ProbeResult:
+        """The result with the timings that price it (class docstring): the served target curve
+        where there is one, with the served draft step, else the probe's, else the files' share."""
+        if not result.quiet:
+            t_step, ratio = estimate(self.target, draft, self.settings.n_max)
+            result = replace(result, t_step=t_step, t_draft=ratio, timings="files")
+        threads = self.settings.n_threads
+        served = self.served.target(self.target, threads)
+        if served is None:
+            return result
+        t_draft = self.served.draft(draft, threads)
+        if t_draft is None:  # the draft's own step, in the served curve's seconds
+            t_draft = result.t_draft / result.t_step[1] * served[1]
+        return replace(result, t_step=served[: self.settings.n_max + 2], t_draft=t_draft, timings="served")
 
     def close(self) -> None:
         if self._loaded is not None:

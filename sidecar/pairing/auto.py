@@ -1,6 +1,6 @@
 """Pairing without homework: `draft: auto` and `auto: true`, decided from the stores.
 
-Both ask runtime.suggest which of the store's models can draft for which: the files' facts rank
+Both ask pairing.suggest which of the store's models can draft for which: the files' facts rank
 the candidates (same vocabulary, 5-30x smaller, same family), and probe results already on disk
 (`sidecar suggest --probe`, keyed by target, draft, backend and threads) decide where they exist.
 Nothing is probed here: a load must stay fast, and probing costs a generation per candidate.
@@ -21,9 +21,9 @@ from pathlib import Path
 from sidecar.config.entries import PairEntry, build_entry
 from sidecar.config.loader import Prepared
 from sidecar.config.schema import NAME_RE, AutoDraft, ModelDraft, Pair
-from sidecar.runtime.suggest import TargetSuggestion, suggest
+from sidecar.pairing.suggest import TargetSuggestion, suggest
 
-log = logging.getLogger("sidecar.runtime")
+log = logging.getLogger("sidecar.pairing")
 
 
 def expand(prepared: Prepared) -> Prepared:

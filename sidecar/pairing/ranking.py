@@ -3,7 +3,7 @@
 Speculative decoding gains when the draft is cheap next to the target (each drafted token costs a
 draft step) and still agrees with it often (each rejected token is wasted work). Neither can be
 measured without running both, so the score guesses from what predicts them. It takes only
-numbers and strings, with no file access: `models.catalog` feeds it what the headers say.
+numbers and strings, with no file access: `pairing.catalog` feeds it what the headers say.
 
 Scoring, a product of factors in (0, 1]; higher is better:
 
@@ -21,7 +21,7 @@ Scoring, a product of factors in (0, 1]; higher is better:
   cheap; it agrees a little less: 0.95, and the reason says so.
 
 Ties go to the size ratio nearest 12x, then to the name. Each suggestion carries a one-line
-reason. Only candidates that already passed the vocabulary rules (engine.pairing) come here: a
+reason. Only candidates that already passed the vocabulary rules (pairing.rules) come here: a
 model with another vocabulary can never appear.
 """
 

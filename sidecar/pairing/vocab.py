@@ -1,7 +1,7 @@
 """A GGUF's vocabulary as llama.cpp would load it, read from the file's header alone.
 
 Suggesting drafts means matching every model in the stores against every other by llama.cpp's
-compatibility rules (engine.pairing). Loading each model with llama.cpp to ask costs seconds and
+compatibility rules (pairing.rules). Loading each model with llama.cpp to ask costs seconds and
 memory per model; the rules only need the tokenizer, which sits in the GGUF header. So this module
 repeats what llama_vocab::impl::load (src/llama-vocab.cpp) derives from that header — the
 vocabulary type, the BOS/EOS ids and add_bos/add_eos with their per-tokenizer defaults, and the
@@ -9,25 +9,25 @@ token texts — and tests check it against a loaded `Weights` on real files.
 
 A `Fingerprint` keeps only what the rules compare: the facts above and, for every size the other
 vocabulary may have (within 128 of this one), a sha256 over the token texts the rule compares. It is
-small enough to cache for every model (`FileCache`), so a rescan reads no token arrays at all.
+small enough to cache for every model (models.cache.FileCache), so a rescan reads no token arrays at all.
+
+A Fingerprint's last digest, over every id the rules compare, is also the vocabulary's one identity
+(`vocab_id`): the name under which models whose token ids mean the same texts share what they
+learnt (runtime.caches' suffix caches), whether it was read from a header or a loaded model.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
-import re
 import struct
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.engine.pairing import VOCAB_CHECK_START_TOKEN_ID, VOCAB_MAX_SIZE_DIFFERENCE, compared_ids
+from sidecar.engine.llama import VocabInfo
 from sidecar.models.gguf import Header, StringArray, read_header
-from sidecar.storage import cache_dir, read_json, write_json
-
-log = logging.getLogger("sidecar.models")
+from sidecar.pairing.rules import VOCAB_CHECK_START_TOKEN_ID, VOCAB_MAX_SIZE_DIFFERENCE, Vocabulary, compared_ids
 
 TOKENS_KEY = "tokenizer.ggml.tokens"
 NULL = -1  # LLAMA_TOKEN_NULL
@@ -47,25 +47,12 @@ _BPE_ADD_BOS_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "
 _NO_BOS_PRE = {"glm4", "chatglm-bpe"}
 _GEMMA4_PRE = {"gemma4", "granite-embed-multi-311m"}  # llama.cpp forces add_bos on for these
 _DNA_MARKER = "\ue000".encode()  # hybriddna k-mer suffix, erased from token texts at load
-_BLOB_RE = re.compile(r"^sha256-[0-9a-f]{64}$")
 _LEN = struct.Struct("<Q")
 FINGERPRINT_VERSION = 1
 
 
 class VocabError(ValueError):
     """The header has no vocabulary llama.cpp could load (or none at all)."""
-
-
-@dataclass(frozen=True)
-class TokenizerInfo:
-    """engine.llama.VocabInfo's fields, from the header: what the compatibility rules compare."""
-
-    type: int
-    n_tokens: int
-    bos: int
-    eos: int
-    add_bos: bool
-    add_eos: bool
 
 
 def _flag(meta: Mapping[str, Any], key: str, default: bool) -> bool:
@@ -87,7 +74,7 @@ def _special_id(meta: Mapping[str, Any], key: str, default: int, n_tokens: int) 
     return value if 0 <= value < n_tokens else default
 
 
-def tokenizer_info(meta: Mapping[str, Any], n_tokens: int) -> TokenizerInfo:
+def tokenizer_info(meta: Mapping[str, Any], n_tokens: int) -> VocabInfo:
     """The facts llama.cpp derives from a header whose token list has n_tokens entries."""
     model = meta.get("tokenizer.ggml.model")
     if not isinstance(model, str):
@@ -112,7 +99,7 @@ def tokenizer_info(meta: Mapping[str, Any], n_tokens: int) -> TokenizerInfo:
     for on, tok, what in ((add_bos, bos, "bos"), (add_eos, eos, "eos")):
         if on and tok == NULL:  # llama.cpp refuses to load such a model
             raise VocabError(f"tokenizer.ggml.add_{what}_token is true, but tokenizer.ggml.{what}_token_id is not set")
-    return TokenizerInfo(vtype, n_tokens, bos, eos, add_bos, add_eos)
+    return VocabInfo(vtype, n_tokens, bos, eos, add_bos, add_eos)
 
 
 def _text_fixes(model: str, texts: list[bytes]) -> dict[int, bytes]:
@@ -127,9 +114,9 @@ def _text_fixes(model: str, texts: list[bytes]) -> dict[int, bytes]:
 
 
 class FileVocab:
-    """A vocabulary read from a GGUF header; engine.pairing.check_pair takes it like a loaded Weights."""
+    """A vocabulary read from a GGUF header; pairing.rules.check_pair takes it like a loaded Weights."""
 
-    def __init__(self, path: Path, tokenizer: str, info: TokenizerInfo, texts: StringArray,
+    def __init__(self, path: Path, tokenizer: str, info: VocabInfo, texts: StringArray,
                  fixes: dict[int, bytes]) -> None:
         self.path = path
         self.tokenizer = tokenizer
@@ -152,7 +139,7 @@ class FileVocab:
             raise VocabError("duplicate token texts (llama.cpp refuses to load this vocabulary)")
         return cls(path, model, info, texts, fixes)
 
-    def vocab_info(self) -> TokenizerInfo:
+    def vocab_info(self) -> VocabInfo:
         return self._info
 
     def token_text(self, token: int) -> bytes:
@@ -188,18 +175,23 @@ def read_vocab(path: str | Path) -> FileVocab:
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """What engine.pairing.digest_mismatch needs of a vocabulary: its facts and text digests.
+    """What pairing.rules.digest_mismatch needs of a vocabulary: its facts and text digests.
 
     `digests[k]` covers the texts of compared_ids(first_end + k), for every end from
     max(5, n - 128) to n: the sizes a compatible partner's min(n_a, n_b) can take."""
 
     tokenizer: str
-    info: TokenizerInfo
+    info: VocabInfo
     first_end: int
     digests: tuple[str, ...]
 
-    def vocab_info(self) -> TokenizerInfo:
+    def vocab_info(self) -> VocabInfo:
         return self.info
+
+    @property
+    def vocab_id(self) -> str:
+        """The vocabulary's identity (module docstring): what `vocab_id` gives for the loaded model."""
+        return _identity(self.digests[-1], self.info.n_tokens)
 
     def texts_digest(self, end: int) -> str | None:
         if not compared_ids(end):  # no ids to compare: the digest of nothing, kept at first_end 5
@@ -216,7 +208,7 @@ class Fingerprint:
         """Raises KeyError/TypeError/ValueError on anything but what to_json wrote."""
         if d["v"] != FINGERPRINT_VERSION:
             raise ValueError("another fingerprint version")
-        info = TokenizerInfo(**d["info"])
+        info = VocabInfo(**d["info"])
         digests = tuple(str(x) for x in d["digests"])
         fp = cls(str(d["tokenizer"]), info, int(d["first_end"]), digests)
         if len(digests) != max(1, info.n_tokens - fp.first_end + 1):
@@ -224,64 +216,16 @@ class Fingerprint:
         return fp
 
 
-# -- the cache -----------------------------------------------------------------------------------
-CACHE_FORMAT = "spec-sidecar/gguf-facts"
-CACHE_VERSION = 1
+def _identity(digest: str, n_tokens: int) -> str:
+    return f"{digest[:16]}-{n_tokens}"
 
 
-class FileCache:
-    """Facts derived from GGUF files, keyed by what fixes a file's content, kept as one JSON file.
-
-    An Ollama blob is named by its sha256, so that name is the key and holds wherever the store
-    lives; any other file is keyed by (resolved path, size, mtime_ns), which changes whenever the
-    file does. Records are the caller's JSON values. A missing, corrupt or foreign cache file is an
-    empty cache, and a cache that cannot be written only costs the next scan its speed: neither is
-    ever an error."""
-
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = path or cache_dir() / "gguf-facts.json"
-        self._entries = self._load()
-        self._used: set[str] = set()
-        self._dirty = False
-        self.hits = self.misses = 0
-
-    def _load(self) -> dict[str, Any]:
-        doc = read_json(self.path)
-        ok = isinstance(doc, dict) and doc.get("format") == CACHE_FORMAT and doc.get("version") == CACHE_VERSION
-        entries = doc.get("entries") if ok else None
-        return entries if isinstance(entries, dict) else {}
-
-    @staticmethod
-    def key(path: Path) -> str:
-        """Raises OSError when the file cannot be looked at."""
-        if _BLOB_RE.match(path.name):
-            return path.name
-        st = path.stat()
-        return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-
-    def get(self, key: str) -> Any:
-        """The record stored under key, or None."""
-        self._used.add(key)
-        record = self._entries.get(key)
-        if record is None:
-            self.misses += 1
-        else:
-            self.hits += 1
-        return record
-
-    def put(self, key: str, record: Any) -> None:
-        self._used.add(key)
-        self._entries[key] = record
-        self._dirty = True
-
-    def save(self, *, prune: bool = False) -> None:
-        """Write the cache atomically (temporary file, then rename); `prune` drops entries not used
-        since this cache was opened, so files gone from the stores leave it too."""
-        if prune and set(self._entries) - self._used:
-            self._entries = {k: v for k, v in self._entries.items() if k in self._used}
-            self._dirty = True
-        if not self._dirty:
-            return
-        doc = {"format": CACHE_FORMAT, "version": CACHE_VERSION, "entries": self._entries}
-        if write_json(self.path, doc):
-            self._dirty = False
+def vocab_id(vocab: Vocabulary) -> str:
+    """The identity of a vocabulary that names its token texts (a loaded Weights: tens of ms):
+    the sha256 a Fingerprint keeps over every compared id, hashed as the GGUF stores the texts."""
+    n = vocab.vocab_info().n_tokens
+    h = hashlib.sha256()
+    for i in compared_ids(n):
+        text = vocab.token_text(i)
+        h.update(_LEN.pack(len(text)) + text)
+    return _identity(h.hexdigest(), n)

@@ -1,8 +1,8 @@
 """`sidecar suggest`: which model in the stores can draft for which, best first, and a pairs.yaml to match.
 
-Without a probe the order is engine.ranking's, from the files' facts alone (seconds for a whole
+Without a probe the order is pairing.ranking's, from the files' facts alone (seconds for a whole
 store). With one, each target's top candidates (at most `top`) are measured on this machine
-(runtime.probe): drafts predicted to pay come first, fastest first, then the candidates not
+(pairing.probe): drafts predicted to pay come first, fastest first, then the candidates not
 probed, in ranking order, and last the probed drafts that would not pay, each saying why.
 
 Suggested pairs are named after the target with `-spec` appended to its tag (`llama3.1:8b` ->
@@ -25,16 +25,19 @@ import yaml
 
 from sidecar.config.loader import ConfigError, parse, read_bytes, stores_of
 from sidecar.engine.llama import EngineError
-from sidecar.models.catalog import find_drafts
+from sidecar.models.cache import FileCache
 from sidecar.models.resolve import Stores
-from sidecar.models.vocab import FileCache
-from sidecar.runtime.probe import MIN_GAIN, ProbeCache, Prober, ProbeResult, ProbeSettings
+from sidecar.pairing.catalog import find_drafts
+from sidecar.pairing.probe import MIN_GAIN, ProbeCache, Prober, ProbeResult, ProbeSettings
 
 TOP = 3  # candidates probed per target: each probe costs about one generation
 PROMISING = 0.5  # ranking score a best candidate needs to be suggested unprobed (>= ~3.7x smaller, same family)
 SPEC_SUFFIX = "-spec"
 _LMSTUDIO_RE = re.compile(r"^lmstudio:([^/]+)/([^/]+)/(.+?)(?:\.gguf)?$", re.IGNORECASE)
 _BAD = re.compile(r"[^A-Za-z0-9_.\-]")  # what Ollama's name parts cannot hold
+# How a prediction was priced (pairing.probe.Prober), as the reason says it.
+_PRICED = {"probe": "", "served": ", priced by what serving measured",
+           "files": ", priced from the file sizes until a quiet machine times it"}
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class DraftAdvice:
     """One candidate draft for a target: the ranking's view, and the probe's where it ran."""
 
     model: str  # as clients name it
-    score: float  # engine.ranking's score from the files' facts
+    score: float  # pairing.ranking's score from the files' facts
     why: str
     agreement: float | None = None  # per-position greedy acceptance, when probed
     predicted_speedup: float | None = None
@@ -91,7 +94,7 @@ def configured_stores(path: Path) -> Stores:
 
 def _measured(d: DraftAdvice, r: ProbeResult) -> DraftAdvice:
     s, k, a = r.speedup, r.best_k, r.agreement
-    seen = f"agrees on {a:.0%} of {r.positions} tokens (runs of {r.mean_run:.1f})"
+    seen = f"agrees on {a:.0%} of {r.positions} tokens (runs of {r.mean_run:.1f}){_PRICED[r.timings]}"
     if r.pays():
         why = f"predicted {s:.2f}x drafting {k} a round; {seen}; {d.why}"
     else:
@@ -110,12 +113,14 @@ def _probe_target(name: str, path: Path, drafts: list[DraftAdvice], paths: dict[
         for d in drafts[:top]:
             try:
                 result = prober.cached(paths[d.model])
-                if result is None and not measure:
+                if measure and result is None:
+                    if progress is not None:
+                        progress(f"probing {d.model} as a draft for {name}")
+                    result = prober.probe(paths[d.model])
+                if result is None:
                     unmeasured.append(d)
                     continue
-                if progress is not None and result is None:
-                    progress(f"probing {d.model} as a draft for {name}")
-                measured.append(_measured(d, result or prober.probe(paths[d.model])))
+                measured.append(_measured(d, result))
             except (EngineError, OSError, ValueError) as e:  # ValueError: IncompatibleDraft among others
                 measured.append(replace(d, pays=False, why=f"probe failed: {e}; {d.why}"))
     if not measure:

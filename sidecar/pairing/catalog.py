@@ -3,7 +3,7 @@
 `sidecar suggest` and `draft: auto` must answer for a whole store (50 models, some of 40 GB) in
 seconds, so nothing here loads weights: a model is its GGUF header (architecture, size, file
 type, tokenizer) plus, in Ollama's store, the manifest's config blob. What a header says is cached
-per file (models.vocab.FileCache), so a rescan reads manifests and stats files but no GGUF.
+per file (models.cache.FileCache), so a rescan reads manifests and stats files but no GGUF.
 
 Names are the ones clients send: Ollama's shortest form (`llama3.2:1b`, `user/model:tag`,
 `hf.co/org/repo:tag`, as its DisplayShortest writes them) and `lmstudio:publisher/repo/file.gguf`.
@@ -19,8 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sidecar.engine.pairing import digest_mismatch
-from sidecar.engine.ranking import Profile, Suggestion, human, rank_drafts
+from sidecar.models.cache import FileCache
 from sidecar.models.gguf import FILE_TYPES, GGUFError, read_header
 from sidecar.models.resolve import (
     _SHARD_RE,
@@ -32,7 +31,9 @@ from sidecar.models.resolve import (
     _first_shard,
     resolve,
 )
-from sidecar.models.vocab import TOKENS_KEY, FileCache, FileVocab, Fingerprint, VocabError
+from sidecar.pairing.ranking import Profile, Suggestion, human, rank_drafts
+from sidecar.pairing.rules import digest_mismatch
+from sidecar.pairing.vocab import TOKENS_KEY, FileVocab, Fingerprint, VocabError
 
 FACTS_VERSION = 1
 NOT_GGUF = "not a GGUF model (safetensors/MLX): llama.cpp cannot run it"

@@ -6,18 +6,20 @@ bool-typed vocabulary-type bug fixed): same vocabulary type, same BOS/EOS handli
 128 of each other, and identical token texts from id 5 up (ids 0-4 are control tokens that models
 legitimately differ on).
 
-The rules run on two kinds of vocabulary: one that can name every token's text (a loaded
-`engine.llama.Weights`, or a vocabulary read from the GGUF header by `models.vocab`), which is what
-a pair is checked with before it loads, and one that only keeps digests of its token texts (a
-cached `models.vocab.Fingerprint`), which is how a whole model store is matched up without holding
-150k strings per model. Both are protocols here so this module depends on nothing: `models/` may
-import it, `engine/` never imports `models/`.
+The facts compared are llama.cpp's own (`VocabInfo`, declared once, where the engine reads them off
+a loaded model); pairing.vocab derives the same facts from a GGUF header. The rules run on two kinds
+of vocabulary: one that can name every token's text (a loaded `engine.llama.Weights`, or a
+`pairing.vocab.FileVocab` read from the header), which is what a pair is checked with before it
+loads, and one that only keeps digests of its token texts (a cached `pairing.vocab.Fingerprint`),
+which is how a whole model store is matched up without holding 150k strings per model.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Protocol
+
+from sidecar.engine.llama import VocabInfo
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128
 VOCAB_CHECK_START_TOKEN_ID = 5
@@ -27,29 +29,12 @@ class IncompatibleDraft(ValueError):
     pass
 
 
-class VocabFacts(Protocol):
-    """What the header rules compare (engine.llama.VocabInfo, models.vocab.TokenizerInfo)."""
-
-    @property
-    def type(self) -> int: ...
-    @property
-    def n_tokens(self) -> int: ...
-    @property
-    def bos(self) -> int: ...
-    @property
-    def eos(self) -> int: ...
-    @property
-    def add_bos(self) -> bool: ...
-    @property
-    def add_eos(self) -> bool: ...
-
-
 class Vocabulary(Protocol):
     """A vocabulary that can say each token's text, as llama.cpp stores it (llama_vocab_get_text)."""
 
     @property
     def path(self) -> Path: ...
-    def vocab_info(self) -> VocabFacts: ...
+    def vocab_info(self) -> VocabInfo: ...
     def token_text(self, token: int) -> bytes: ...
 
 
@@ -59,11 +44,11 @@ class DigestedVocabulary(Protocol):
     Digests of two vocabularies are equal exactly when their texts over that range are (up to hash
     collisions); `None` means no digest is kept for that end."""
 
-    def vocab_info(self) -> VocabFacts: ...
+    def vocab_info(self) -> VocabInfo: ...
     def texts_digest(self, end: int) -> str | None: ...
 
 
-def header_mismatch(t: VocabFacts, d: VocabFacts) -> str | None:
+def header_mismatch(t: VocabInfo, d: VocabInfo) -> str | None:
     """Why two vocabularies cannot pair by their type, BOS/EOS handling and size; None if they can."""
     if t.type != d.type:
         return f"vocabulary types differ ({t.type} vs {d.type})"
