@@ -52,6 +52,7 @@ from sidecar.engine.drafters import NgramDrafter, common_prefix  # noqa: E402
 from sidecar.engine.llama import Context  # noqa: E402
 from sidecar.pairing.probe import predict_speedup  # noqa: E402
 from sidecar.runtime.contract import Job, Outcome, Prompt  # noqa: E402
+from sidecar.runtime.llamacpp import LlamaEngine  # noqa: E402
 from sidecar.runtime.manager import Runtime  # noqa: E402
 
 OUT = REPO / "bench" / "out" / "models"
@@ -96,7 +97,7 @@ async def generate(rt: Runtime, entry, text: str, n: int, speculate: bool) -> Ru
         if isinstance(ev, Outcome):
             out = ev
     assert out is not None
-    r = out.result
+    r = out
     prompt = out.context[: len(out.context) - len(r.tokens)]
     return Run(prompt, r.tokens, len(r.tokens) / r.eval_seconds, r.draft_tokens, r.draft_accepted_tokens,
                r.draft_rounds, r.fallback)
@@ -177,7 +178,7 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
         yaml += "    speculative:\n      cache: \"off\"\n"
     config = parse(yaml)
     entry = build_entry(f"bench:{key}", config.pairs[f"bench:{key}"])
-    rt = Runtime(keep_alive=-1)
+    rt = Runtime(LlamaEngine(), keep_alive=-1)
     rt.set_entries({entry.name: entry})
     t0 = time.perf_counter()
     lm, _ = await rt.load(entry)

@@ -56,6 +56,7 @@ from sidecar.config.loader import parse  # noqa: E402
 from sidecar.engine.drafters import NgramDrafter, common_prefix  # noqa: E402
 from sidecar.engine.suffix import SuffixCache, SuffixDrafter  # noqa: E402
 from sidecar.runtime.contract import Job, Outcome, Prompt  # noqa: E402
+from sidecar.runtime.llamacpp import LlamaEngine  # noqa: E402
 from sidecar.runtime.manager import Runtime  # noqa: E402
 
 SCHEMA = {
@@ -158,7 +159,7 @@ async def generate(rt: Runtime, entry: PairEntry, turn: Turn, tokens: int, specu
         else:
             parts.append(ev.content)
     assert out is not None
-    r = out.result
+    r = out
     prompt = out.context[: len(out.context) - len(r.tokens)]
     return Run(prompt, r.tokens, "".join(parts), len(r.tokens) / max(r.eval_seconds, 1e-9),
                dict(r.drafts_by_source), r.fallback)
@@ -342,7 +343,7 @@ async def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     only = args.only.split(",")
-    rt = Runtime(keep_alive=-1)
+    rt = Runtime(LlamaEngine(), keep_alive=-1)
     results: dict[str, Any] = {}
     print(f"# bench_workloads: greedy, 2 threads, {time.strftime('%Y-%m-%d %H:%M')}")
     for name in ("repeat", "extract", "agent"):

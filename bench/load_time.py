@@ -33,7 +33,8 @@ from derive_models import smollm2_path  # noqa: E402
 
 from sidecar.config.entries import build_entry  # noqa: E402
 from sidecar.config.loader import parse  # noqa: E402
-from sidecar.runtime.curves import CurveCache  # noqa: E402
+from sidecar.runtime.llamacpp import LlamaEngine  # noqa: E402
+from sidecar.runtime.llamacpp.curves import CurveCache  # noqa: E402
 from sidecar.runtime.manager import Runtime  # noqa: E402
 
 
@@ -61,8 +62,7 @@ async def load_once(name: str, target: str, draft: str, cache: Path) -> tuple[fl
     yaml = (f"pairs:\n  {name}:\n    from: {target}\n    draft: {draft}\n"
             "    runtime:\n      num_thread: 2\n      num_gpu: 0\n    parameters:\n      num_ctx: 2048\n")
     entry = build_entry(name, parse(yaml).pairs[name])
-    rt = Runtime(keep_alive=-1)
-    rt.curves = CurveCache(cache)
+    rt = Runtime(LlamaEngine(CurveCache(cache)), keep_alive=-1)
     rt.set_entries({entry.name: entry})
     t0 = time.perf_counter()
     lm, seconds = await rt.load(entry)

@@ -111,12 +111,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from sidecar.api.app import create_app
     from sidecar.observability import metrics
     from sidecar.observability.notify import ServiceNotifier
+    from sidecar.runtime.llamacpp import LlamaEngine
     from sidecar.runtime.manager import Runtime
     from sidecar.runtime.reload import Reloader
 
     path = default_path(args.config)
-    runtime = Runtime(keep_alive=keep_alive_default(), max_queue=int(os.environ.get("OLLAMA_MAX_QUEUE") or 512),
-                      num_parallel=num_parallel_default())
+    runtime = Runtime(LlamaEngine(), keep_alive=keep_alive_default(),
+                      max_queue=int(os.environ.get("OLLAMA_MAX_QUEUE") or 512), num_parallel=num_parallel_default())
     reloader = Reloader(path, runtime, watch=not args.no_watch)
     try:
         config = reloader.load_initial().config  # a missing model is logged; a broken file is fatal
@@ -204,7 +205,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     Prints one row per pair and exits 1 on any problem, so it can gate a deploy or a reload."""
     from sidecar.config.loader import load_file
     from sidecar.pairing import auto
-    from sidecar.runtime import render
+    from sidecar.runtime.format import resolve as resolve_format
 
     path = default_path(args.config)
     try:
@@ -224,7 +225,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             continue
         status = _check_draft(entry) if entry.draft is not None else "ok"
         ok = ok and status == "ok"
-        status = "; ".join([status, *([entry.chosen] if entry.chosen else []), *render.notes(entry)])
+        status = "; ".join([status, *([entry.chosen] if entry.chosen else []), *resolve_format(entry).notes])
         rows.append((name, str(entry.target.path), str(entry.draft.path) if entry.draft else
                      entry.draft_label or "none", status))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]

@@ -14,9 +14,9 @@ import pytest
 from sidecar.config.entries import build_entry
 from sidecar.config.schema import Pair
 from sidecar.engine.adaptive import CostModel
-from sidecar.runtime import loading
 from sidecar.runtime.contract import Job, Outcome, Prompt
-from sidecar.runtime.curves import CurveCache
+from sidecar.runtime.llamacpp import LlamaEngine, loading
+from sidecar.runtime.llamacpp.curves import CurveCache
 from sidecar.runtime.manager import Runtime
 from tests.conftest import SMOLLM2_REF
 
@@ -28,9 +28,7 @@ def pair(name: str, **fields: Any) -> Any:
 
 
 def runtime(cache: Path) -> Runtime:
-    rt = Runtime(keep_alive=-1)
-    rt.curves = CurveCache(cache)
-    return rt
+    return Runtime(LlamaEngine(CurveCache(cache)), keep_alive=-1)
 
 
 async def text_of(rt: Runtime, entry: Any, opts: dict[str, Any]) -> str:

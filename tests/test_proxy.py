@@ -31,6 +31,7 @@ from sidecar.api import proxy
 from sidecar.api.app import create_app
 from sidecar.config.entries import build_entry
 from sidecar.config.schema import Pair, UpstreamKind
+from sidecar.runtime.llamacpp import LlamaEngine
 from sidecar.runtime.manager import Runtime
 from tests.conftest import Daemon, free_port, write_config
 from tests.models import write_tiny_llama
@@ -435,7 +436,7 @@ Factory = Callable[..., Awaitable[TestClient]]
 
 
 def app_with(tiny: Path, upstream: str | None = None, kind: UpstreamKind = "auto") -> web.Application:
-    rt = Runtime()
+    rt = Runtime(LlamaEngine())
     rt.set_entries({"tiny:test": build_entry("tiny:test", Pair.model_validate({"from": str(tiny)}))})
     return create_app(rt, upstream=upstream, upstream_kind=kind)
 

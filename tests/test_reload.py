@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sidecar.runtime.llamacpp import LlamaEngine
 from sidecar.runtime.manager import Runtime
 from sidecar.runtime.reload import Reloader
 from tests.conftest import Daemon
@@ -264,7 +265,7 @@ async def test_triggers_coalesce_into_one_single_flight_reload(tmp_path: Path) -
     """A burst of file events and signals is one reload; a trigger during a reload, one more."""
     cfg = tmp_path / "pairs.yaml"
     cfg.write_text("pairs: {}\n")
-    reloader = Reloader(cfg, Runtime(), debounce=0.05, watch=False)
+    reloader = Reloader(cfg, Runtime(LlamaEngine()), debounce=0.05, watch=False)
     reloader.load_initial()
     calls: list[str] = []
     real = reloader.reload
@@ -301,7 +302,7 @@ async def test_apply_diffs_pair_by_pair(home: Path) -> None:
         spec = {"from": "tiny.gguf", "runtime": {"num_thread": 1}, "parameters": {"num_ctx": 256}, **fields}
         return build_entry(name, Pair.model_validate(spec), home)
 
-    rt = Runtime()
+    rt = Runtime(LlamaEngine())
     a1, b1 = entry("a:1", draft="ngram"), entry("b:1")
     assert rt.apply({"a:1": a1, "b:1": b1}).added == ["a:1", "b:1"]
     lm, _ = await rt.load(a1)
@@ -327,4 +328,4 @@ async def test_apply_diffs_pair_by_pair(home: Path) -> None:
     assert rt.apply({}).removed == ["a:1", "b:1"]
     assert rt.loaded_models() == []
     await asyncio.to_thread(lm.pool.join, 10)
-    assert not lm.pool.alive and rt.weights.count == 0
+    assert not lm.pool.alive and rt.engine.weights.count == 0

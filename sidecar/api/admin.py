@@ -16,7 +16,6 @@ from aiohttp import web
 from sidecar.api.pairs import runtime_of
 from sidecar.api.wire import json_response
 from sidecar.config.entries import PairEntry
-from sidecar.runtime import render
 from sidecar.runtime.manager import Runtime
 from sidecar.runtime.reload import Reloader
 
@@ -34,8 +33,7 @@ async def status(request: web.Request) -> web.Response:
     pair_errors = reloader.pair_errors if reloader is not None else {}
     body["pairs"] = pairs(rt, pair_errors)
     body["models"] = models(rt)
-    body["loaded_weights"] = rt.weights.count
-    body["weights"] = rt.weights.snapshot()
+    body.update(rt.engine.status())  # what the engine has mapped and shared (loaded_weights, weights)
     return json_response(body)
 
 
@@ -52,10 +50,10 @@ def pairs(rt: Runtime, errors: dict[str, str]) -> list[dict[str, Any]]:
         "from": e.config.from_,
         "target": str(e.target.path),
         "draft": _draft(e),
-        "capabilities": render.capabilities(e),
+        "capabilities": list(rt.format(e).capabilities),
         "auto": e.auto,
         "chosen": e.chosen,  # `draft: auto` and `auto: true`: which draft, and why
-        "notes": render.notes(e),  # what Ollama's manifest asks for that is served differently here
+        "notes": list(rt.format(e).notes),  # what Ollama's manifest asks for that is served differently here
         "error": errors.get(e.name),
     } for e in rt.entries.values()]
     served = {e.name for e in rt.entries.values()}
@@ -66,14 +64,14 @@ def pairs(rt: Runtime, errors: dict[str, str]) -> list[dict[str, Any]]:
 def models(rt: Runtime) -> list[dict[str, Any]]:
     """Loaded targets: one context each, the pairs riding on it, requests in flight."""
     out = []
-    for lm in rt.loaded_models():
+    for s in rt.status():
         out.append({
-            "target": str(lm.weights.path),
-            "context_length": lm.n_ctx,
-            "parallel": len(lm.slots),
-            "pairs": sorted(lm.pairs),
-            "in_flight": lm.in_flight,
-            "cost_curve": lm.curve,  # cached, measured, or provisional (disturbed: online estimates take over)
-            "expires_in": round(lm.expires_at - time.time(), 1) if lm.expires_at is not None else None,
+            "target": s.target,
+            "context_length": s.context_length,
+            "parallel": s.parallel,
+            "pairs": list(s.pairs),
+            "in_flight": s.in_flight,
+            "cost_curve": s.cost_curve,  # cached, measured, or provisional (disturbed: online estimates take over)
+            "expires_in": round(s.expires_at - time.time(), 1) if s.expires_at is not None else None,
         })
     return out

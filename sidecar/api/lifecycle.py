@@ -2,7 +2,7 @@
 
 Request ids: each request gets one (a client's own `X-Request-Id` when it looks like an id, else a
 fresh one), bound in structlog's contextvars so every log line written while serving it carries
-`request_id` (worker threads inherit it, see runtime.worker), and echoed in the response's
+`request_id` (worker threads inherit it, see runtime.llamacpp.worker), and echoed in the response's
 `X-Request-Id` so a client can quote it.
 
 Draining: on SIGTERM/SIGINT the daemon stops taking work: every request that arrives from then on

@@ -32,7 +32,6 @@ from sidecar.api.wire import (
 )
 from sidecar.config.entries import PairEntry
 from sidecar.models.gguf import read_metadata
-from sidecar.runtime import render
 from sidecar.runtime.contract import Delta, Job, Outcome, Prompt
 
 # What /api/version answers when no upstream tells us better: a current release (clients gate
@@ -117,13 +116,14 @@ async def tags(request: web.Request) -> web.Response:
 async def ps(request: web.Request) -> web.Response:
     rt = runtime_of(request)
     models = []
-    for entry, lm in rt.loaded_entries():
+    for entry, served in rt.loaded_entries():
+        s = served.status()
         item = model_listing(entry)
         del item["modified_at"]
         forever = "2318-08-27T00:00:00.000000+00:00"  # what "never" looks like: a far-away time
-        item["expires_at"] = local_time(lm.expires_at) if lm.expires_at is not None else forever
-        item["size_vram"] = item["size"] if lm.weights.gpu_layers else 0
-        item["context_length"] = lm.n_ctx
+        item["expires_at"] = local_time(s.expires_at) if s.expires_at is not None else forever
+        item["size_vram"] = item["size"] if s.gpu_layers else 0
+        item["context_length"] = s.context_length
         models.append(item)
     models.sort(key=lambda m: m["expires_at"], reverse=True)
     return json_response({"models": models + await _upstream_models(request, "/api/ps")})
@@ -169,7 +169,7 @@ async def show(request: web.Request) -> web.Response:
         "system": system,
         "details": details(entry),
         "model_info": info,
-        "capabilities": render.capabilities(entry),
+        "capabilities": list(runtime_of(request).format(entry).capabilities),
         "modified_at": local_time(entry.modified),
     }
     for key in ("renderer", "parser"):
@@ -292,25 +292,24 @@ class OllamaFraming:
 
     def whole(self, parts: list[Delta], o: Outcome) -> web.Response:
         c = self.chunk(joined(parts), True)
-        c.update({"done_reason": o.result.done_reason} if o.load_only else self._final_fields(o))
+        c.update({"done_reason": o.done_reason} if o.load_only else self._final_fields(o))
         return web.Response(text=line(c).decode(), content_type="application/json")
 
     def _final_fields(self, o: Outcome) -> dict[str, Any]:
-        r = o.result
-        out: dict[str, Any] = {"done_reason": "" if r.done_reason == "cancel" else r.done_reason}
+        out: dict[str, Any] = {"done_reason": "" if o.done_reason == "cancel" else o.done_reason}
         if self.with_context:
             out["context"] = o.context
         out.update({
             "total_duration": ns(time.perf_counter() - self.t_start),
             "load_duration": ns(o.load_seconds),
-            "prompt_eval_count": r.prompt_tokens,
-            "prompt_eval_duration": ns(r.prompt_seconds),
-            "eval_count": len(r.tokens),
-            "eval_duration": ns(r.eval_seconds),
-            "draft_tokens": r.draft_tokens,
-            "draft_accepted_tokens": r.draft_accepted_tokens,
-            "draft_rounds": r.draft_rounds,
-            "draft_sources": {name: {"drafted": d, "accepted": a} for name, (d, a) in r.drafts_by_source.items()},
-            "fallback": r.fallback,
+            "prompt_eval_count": o.prompt_tokens,
+            "prompt_eval_duration": ns(o.prompt_seconds),
+            "eval_count": o.eval_count,
+            "eval_duration": ns(o.eval_seconds),
+            "draft_tokens": o.draft_tokens,
+            "draft_accepted_tokens": o.draft_accepted_tokens,
+            "draft_rounds": o.draft_rounds,
+            "draft_sources": {name: {"drafted": d, "accepted": a} for name, (d, a) in o.drafts_by_source.items()},
+            "fallback": o.fallback,
         })
         return out

@@ -224,7 +224,7 @@ def _messages(entry: PairEntry, body: dict[str, Any]) -> list[dict[str, Any]]:
 def _finish(o: Outcome, called: bool = False) -> str:
     if called:
         return "tool_calls"
-    return "length" if o.result.done_reason == "length" else "stop"
+    return "length" if o.done_reason == "length" else "stop"
 
 
 def _tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -237,7 +237,7 @@ def _tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _usage(o: Outcome) -> dict[str, int]:
-    prompt, completion = o.result.prompt_tokens, len(o.result.tokens)
+    prompt, completion = o.prompt_tokens, o.eval_count
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 

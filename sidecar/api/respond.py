@@ -173,7 +173,7 @@ def _failed_mid_stream(e: BaseException) -> ApiError:
 def _finished(request: web.Request, entry: PairEntry, o: Outcome, clock: metrics.TokenClock) -> None:
     """Account a completed generation: the request's log line and its metrics."""
     log_request(request, entry, o, "ok", clock)
-    metrics.observe_generation(request, entry.name, o.result, clock.ttft, clock.itl, clock.elapsed())
+    metrics.observe_generation(request, entry.name, o, clock.ttft, clock.itl, clock.elapsed())
 
 
 def log_request(request: web.Request, entry: PairEntry, o: Outcome | None, status: str,
@@ -184,13 +184,12 @@ def log_request(request: web.Request, entry: PairEntry, o: Outcome | None, statu
         requests_log.info("request", path=request.path, model=entry.name, status=status,
                           pieces=len(clock.itl) + (clock.first is not None), seconds=round(clock.elapsed(), 3))
         return
-    r = o.result
     requests_log.info(
-        "request", path=request.path, model=entry.name, status=status, done_reason=r.done_reason,
-        prompt_tokens=r.prompt_tokens, tokens=len(r.tokens),
-        tok_s=round(len(r.tokens) / r.eval_seconds, 1) if r.eval_seconds > 0 else 0.0,
-        drafter=r.drafter, draft_tokens=r.draft_tokens, draft_accepted_tokens=r.draft_accepted_tokens,
-        draft_rounds=r.draft_rounds, draft_sources={k: list(v) for k, v in r.drafts_by_source.items()},
-        acceptance=round(r.draft_accepted_tokens / r.draft_tokens, 3) if r.draft_tokens else None,
-        fallback=r.fallback,
+        "request", path=request.path, model=entry.name, status=status, done_reason=o.done_reason,
+        prompt_tokens=o.prompt_tokens, tokens=o.eval_count,
+        tok_s=round(o.eval_count / o.eval_seconds, 1) if o.eval_seconds > 0 else 0.0,
+        drafter=o.drafter, draft_tokens=o.draft_tokens, draft_accepted_tokens=o.draft_accepted_tokens,
+        draft_rounds=o.draft_rounds, draft_sources={k: list(v) for k, v in o.drafts_by_source.items()},
+        acceptance=round(o.draft_accepted_tokens / o.draft_tokens, 3) if o.draft_tokens else None,
+        fallback=o.fallback,
     )

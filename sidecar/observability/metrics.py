@@ -56,7 +56,7 @@ OTHER = "other"
 
 
 class GenerationResult(Protocol):
-    """The fields of sidecar.engine.decoder.Result these metrics read."""
+    """The fields of a generation's Outcome (sidecar.runtime.contract) these metrics read."""
 
     tokens: list[int]
     prompt_tokens: int

@@ -1,18 +1,26 @@
-"""The plain values the API hands the runtime, and the ones it gets back.
+"""The plain values the API hands the runtime and gets back, and the seam to an inference engine.
 
 A request arrives as a `Job`: the prompt to continue as the client gave it (`Prompt`, before any
 template), the request's own options layer and its output constraint. The runtime answers with
 `Delta`s, the output already split into content and tool calls, then one `Outcome`. Nothing here
 knows about HTTP, JSON framing or llama.cpp: both API flavours build these, and the runtime never
 calls back into the API.
+
+Below the runtime sits an `Engine`: it loads a pair's target as a `Model` (tokenizer, vocabulary,
+context length, a status snapshot), adds the pairs' drafting to it, and runs a rendered
+`Generation` into text pieces, logprobs and an `Outcome`. The runtime (keep_alive, admission,
+queueing limits, reloads, templates, output parsing) talks to nothing else, so an engine other
+than llama.cpp (runtime.llamacpp) plugs in beside it.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from sidecar.engine.decoder import Result
+from sidecar.config.entries import PairEntry
+from sidecar.runtime.options import Effective
 
 
 @dataclass(frozen=True)
@@ -94,15 +102,149 @@ class Delta:
 
 @dataclass
 class Outcome:
-    """The end of a generation: the engine's Result plus what the API reports around it.
+    """The end of a generation: Ollama's metrics, the speculation counters, and what the API
+    reports around them.
 
-    `result.done_reason` is the engine's (stop, length, cancel), or `load` / `unload` for a
-    load-only job."""
+    `done_reason` is the engine's (stop, length, cancel), or `load` / `unload` for a load-only job."""
 
-    result: Result
+    done_reason: str = "stop"
+    tokens: list[int] = field(default_factory=list)  # generated tokens, end-of-generation excluded
+    prompt_tokens: int = 0  # prompt tokens evaluated (after any cut to fit the window)
+    prompt_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    draft_tokens: int = 0  # drafted
+    draft_accepted_tokens: int = 0
+    draft_rounds: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)  # accepted drafts by position in the draft
+    drafts_by_source: dict[str, tuple[int, int]] = field(default_factory=dict)  # source: (drafted, accepted)
+    fallback: str | None = None  # why speculation was switched off, if it was
+    drafter: str | None = None  # what drafted (for the request's log line)
+    prompt_truncated: int = 0  # prompt tokens dropped to fit the window
+    shifts: int = 0  # context shifts during generation
     load_seconds: float = 0.0
     context: list[int] = field(default_factory=list)  # prompt plus output tokens (Ollama's `context`)
 
     @property
     def load_only(self) -> bool:
-        return self.result.done_reason in ("load", "unload")
+        return self.done_reason in ("load", "unload")
+
+    @property
+    def eval_count(self) -> int:
+        return len(self.tokens)
+
+
+# -- the engine seam ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Generation:
+    """A job rendered for the engine: the tokens to continue, and everything that shapes the output."""
+
+    tokens: list[int]
+    options: Effective  # sampling, stop strings, draft length (0: no speculation), num_keep
+    num_predict: int  # already bounded (runtime.generation.bounded_num_predict)
+    grammar: str | None = None  # GBNF the output must follow
+    grammar_after: str | None = None  # hold the grammar back until the output's text contains this
+    logprobs: int | None = None  # None: none; N: each token's, plus the N most likely alternatives
+    truncate: bool = True  # cut a prompt that does not fit instead of refusing it
+    shift: bool = True  # shift a full window and go on instead of stopping
+    preserve: tuple[str, ...] = ()  # control tokens to emit as their text (the output parser needs them)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What templates need of a model's vocabulary: its BOS and EOS texts ("" if it has none)."""
+
+    bos: str
+    eos: str
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """A loaded target as /api/ps and /sidecar/status show it."""
+
+    target: str  # the model file (or what the engine loads it from)
+    context_length: int
+    parallel: int  # sequences it runs at once
+    pairs: tuple[str, ...]  # the pairs riding on it
+    gpu_layers: int  # layers offloaded to a GPU (0: all on the CPU)
+    cost_curve: str | None = None  # where the verify cost curve came from: cached, measured, provisional
+    in_flight: int = 0  # requests running or queued on it (the runtime's count)
+    expires_at: float | None = None  # time.time() of its keep_alive expiry; None: never
+
+
+class Model(Protocol):
+    """A target an engine has loaded, with the pairs riding on it."""
+
+    @property
+    def n_ctx(self) -> int:
+        """The context window of each sequence."""
+        ...
+
+    def vocabulary(self) -> Vocabulary: ...
+
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]:
+        """Special tokens written in the text (`<|im_start|>`) are parsed as such; `add_special`
+        adds the BOS where the vocabulary wants one."""
+        ...
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def starts_with_bos(self, text: str) -> bool:
+        """Whether a rendered prompt already begins with the BOS token's text."""
+        ...
+
+    def pair(self, name: str) -> PairEntry | None:
+        """The declaration the pair's drafting on this model was built from; None: not loaded here."""
+        ...
+
+    def status(self) -> ModelStatus:
+        """The engine's facts; the runtime fills in `in_flight` and `expires_at`."""
+        ...
+
+
+Piece = str | tuple[Logprob, ...] | Outcome  # what a generation yields: text, the logprobs of its tokens, the end
+
+
+class Engine(Protocol):
+    """What the runtime needs from an inference engine. Blocking work runs off the event loop."""
+
+    def load_key(self, entry: PairEntry, parallel: int) -> str:
+        """What makes two pairs share one loaded target: its file and the load settings the engine honours."""
+        ...
+
+    async def load(self, entry: PairEntry, n_ctx: int, parallel: int) -> Model:
+        """Load the pair's target with `parallel` sequences of `n_ctx` tokens each."""
+        ...
+
+    async def add_pair(self, model: Model, entry: PairEntry) -> None:
+        """Build the pair's drafting on the model; one it displaces is freed after its running requests."""
+        ...
+
+    def rebind_pair(self, model: Model, entry: PairEntry) -> None:
+        """Keep the pair's drafting for a new declaration that differs only in per-request defaults."""
+        ...
+
+    def drop_pair(self, model: Model, name: str) -> None:
+        """Free the pair's drafting once the requests already queued on the model are through."""
+        ...
+
+    def unload(self, model: Model) -> None:
+        """Free the model once the requests already queued on it are through."""
+        ...
+
+    async def join(self, model: Model, timeout: float) -> None:
+        """Wait (at most `timeout` seconds) until an unloaded model is freed."""
+        ...
+
+    async def close(self) -> None:
+        """Write what must outlive the process (the suffix caches' files)."""
+        ...
+
+    def generate(self, model: Model, pair: str, gen: Generation, stop: Callable[[], bool]) -> AsyncIterator[Piece]:
+        """Run one generation on a free sequence of the model: text pieces and logprobs as they are
+        final, then one Outcome (`context` filled in). It ends early with done_reason `cancel` when
+        `stop()` turns true or the consumer leaves."""
+        ...
+
+    def status(self) -> dict[str, Any]:
+        """Engine-wide facts for /sidecar/status (what is mapped and shared)."""
+        ...

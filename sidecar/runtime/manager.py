@@ -1,7 +1,9 @@
 """Pairs at run time: which are served, loading and sharing, keep_alive, queueing, generation.
 
-A target model is loaded once however many pairs use it (runtime.loading): each pair rides on it
-with its own drafter. Requests for a target queue in one FIFO and run on the first free slot
+A target model is loaded once however many pairs use it: the engine (runtime.contract.Engine; the
+llama.cpp one is runtime.llamacpp) names what makes two pairs share it, and each pair rides on it
+with its own drafter. Each pair's format (runtime.format) is resolved when its declaration is
+applied. Requests for a target queue in one FIFO and run on the first free slot
 (OLLAMA_NUM_PARALLEL, or the pair's runtime.num_parallel; default 1), so N of them generate at
 once. keep_alive works as in Ollama: each request pushes the model's expiry out, `keep_alive: 0`
 unloads right after the request, negative keeps it forever. A reload (`apply`) swaps the set of
@@ -18,21 +20,17 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from sidecar.config.entries import Changes, PairEntry, same_engine, same_pair
 from sidecar.config.options import coerce
-from sidecar.engine.decoder import Result
 from sidecar.engine.grammar import gbnf_for_format
 from sidecar.errors import Unavailable
 from sidecar.runtime import generation, render
-from sidecar.runtime.caches import SuffixCaches
-from sidecar.runtime.contract import Delta, Job, Outcome
-from sidecar.runtime.curves import CurveCache
+from sidecar.runtime.contract import Delta, Engine, Job, Model, ModelStatus, Outcome
+from sidecar.runtime.format import PairFormat, resolve
 from sidecar.runtime.generation import ShuttingDown
-from sidecar.runtime.loading import Loaded, PairEngine, free_engine, load_pair, load_target, unload
 from sidecar.runtime.options import Effective, effective
-from sidecar.runtime.registry import WeightsRegistry
 
 log = logging.getLogger("sidecar.runtime")
 
@@ -41,18 +39,32 @@ class ServerBusy(Unavailable):
     pass
 
 
+@dataclass(eq=False)
+class Served:
+    """A loaded target as the runtime keeps it: the engine's model, its keep_alive and its requests."""
+
+    key: str
+    model: Model
+    expires_at: float | None = None  # time.time() deadline; None = never
+    in_flight: int = 0
+    timer: asyncio.TimerHandle | None = None
+
+    def status(self) -> ModelStatus:
+        return replace(self.model.status(), in_flight=self.in_flight, expires_at=self.expires_at)
+
+
 class Runtime:
-    def __init__(self, *, keep_alive: float = 300.0, max_queue: int = 512, num_parallel: int = 1) -> None:
+    def __init__(self, engine: Engine, *, keep_alive: float = 300.0, max_queue: int = 512,
+                 num_parallel: int = 1) -> None:
+        self.engine = engine
         self.entries: dict[str, PairEntry] = {}
+        self._formats: dict[str, tuple[PairEntry, PairFormat]] = {}
         self.keep_alive = keep_alive
         self.max_queue = max_queue
         self.num_parallel = num_parallel  # slots per target unless its pair sets runtime.num_parallel
         # Set at the end of a shutdown's drain: every running generation stops at its next step.
         self.halt = threading.Event()
-        self.weights = WeightsRegistry()
-        self.caches = SuffixCaches()
-        self.curves = CurveCache()
-        self._loaded: dict[str, Loaded] = {}
+        self._loaded: dict[str, Served] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending = 0
         self.on_load: list[Callable[[str, float, bool], None]] = []  # (pair, seconds, ok), e.g. metrics
@@ -61,6 +73,18 @@ class Runtime:
     # -- pairs ------------------------------------------------------------------------------
     def set_entries(self, entries: dict[str, PairEntry]) -> None:
         self.entries = {name.lower(): e for name, e in entries.items()}
+        self._resolve_formats()
+
+    def _resolve_formats(self) -> None:
+        """Each pair's format, kept for a declaration that did not change."""
+        old = self._formats
+        self._formats = {key: held if (held := old.get(key)) is not None and held[0] is e else (e, resolve(e))
+                         for key, e in self.entries.items()}
+
+    def format(self, entry: PairEntry) -> PairFormat:
+        """The pair's format; a request still running on an older declaration gets that one's."""
+        held = self._formats.get(entry.name.lower())
+        return held[1] if held is not None and held[0] is entry else resolve(entry)
 
     def find(self, model: str) -> PairEntry | None:
         name = model.strip().lower()
@@ -72,108 +96,117 @@ class Runtime:
         return entry.config.runtime.num_parallel or self.num_parallel
 
     def _key(self, entry: PairEntry) -> str:
-        rt = entry.config.runtime
-        return (f"{entry.target.path.resolve()}|gpu={rt.num_gpu}|b={rt.num_batch}"
-                f"|fa={rt.flash}|kv={rt.kv_cache_type}|np={self.parallel(entry)}")
+        return self.engine.load_key(entry, self.parallel(entry))
 
-    def loaded_models(self) -> list[Loaded]:
-        """Targets loaded right now (each with its context, thread and pairs)."""
-        return list(self._loaded.values())
+    def loaded_models(self) -> list[Model]:
+        """Targets loaded right now (each with its pairs)."""
+        return [s.model for s in self._loaded.values()]
 
-    def loaded_entries(self) -> list[tuple[PairEntry, Loaded]]:
+    def status(self) -> list[ModelStatus]:
+        """Loaded targets as /sidecar/status shows them."""
+        return [s.status() for s in self._loaded.values()]
+
+    def loaded_entries(self) -> list[tuple[PairEntry, Served]]:
         out = []
         for e in self.entries.values():
-            lm = self._loaded.get(self._key(e))
-            if lm is not None and self._has_engine(lm, e):
-                out.append((e, lm))
+            served = self._loaded.get(self._key(e))
+            if served is not None and self._has_engine(served.model, e):
+                out.append((e, served))
         return out
 
     # -- loading ----------------------------------------------------------------------------
-    async def load(self, entry: PairEntry, num_ctx: int | None = None) -> tuple[Loaded, float]:
+    async def load(self, entry: PairEntry, num_ctx: int | None = None) -> tuple[Model, float]:
         """Make the pair ready; returns the loaded target and the seconds spent loading."""
+        served, seconds = await self._load(entry, num_ctx)
+        return served.model, seconds
+
+    async def _load(self, entry: PairEntry, num_ctx: int | None) -> tuple[Served, float]:
         key = self._key(entry)
         n_ctx = entry.num_ctx(num_ctx)
         lock = self._locks.setdefault(key, asyncio.Lock())
         t0 = time.perf_counter()
         async with lock:
-            lm = self._loaded.get(key)
-            if lm is not None and lm.n_ctx != n_ctx:
+            served = self._loaded.get(key)
+            if served is not None and served.model.n_ctx != n_ctx:
                 # Like Ollama: a different num_ctx means a reload; in-flight requests finish first.
-                self._unload(lm)
-                lm = None
+                self._unload(served)
+                served = None
             loaded = False
             try:
-                if lm is None:
+                if served is None:
                     loaded = True
-                    lm = await asyncio.to_thread(load_target, self.weights, entry, key, n_ctx,
-                                                 self.parallel(entry))
-                    self._loaded[key] = lm
-                if not self._has_engine(lm, entry):
+                    served = Served(key, await self.engine.load(entry, n_ctx, self.parallel(entry)))
+                    self._loaded[key] = served
+                if not self._has_engine(served.model, entry):
                     loaded = True
-                    self._install(lm, entry, await load_pair(self.weights, entry, lm, self.caches, self.curves))
+                    for note in self.format(entry).notes:
+                        log.warning("%s: %s", entry.name, note)
+                    if entry.chosen:
+                        log.info("%s: %s", entry.name, entry.chosen)
+                    await self.engine.add_pair(served.model, entry)
             except Exception:
                 self._report_load(entry.name, time.perf_counter() - t0, False)
                 raise
             if loaded:
                 self._report_load(entry.name, time.perf_counter() - t0, True)
-        return lm, time.perf_counter() - t0
+        return served, time.perf_counter() - t0
 
     def _report_load(self, name: str, seconds: float, ok: bool) -> None:
         for hook in self.on_load:
             hook(name, seconds, ok)
 
     # -- unloading and keep_alive ------------------------------------------------------------
-    def _unload(self, lm: Loaded) -> None:
-        """Forget the model now; its threads free it after the requests already queued on it."""
-        if self._loaded.get(lm.key) is lm:
-            del self._loaded[lm.key]
-        if lm.timer:
-            lm.timer.cancel()
-        unload(self.weights, lm)
+    def _unload(self, served: Served) -> None:
+        """Forget the model now; the engine frees it after the requests already queued on it."""
+        if self._loaded.get(served.key) is served:
+            del self._loaded[served.key]
+        if served.timer:
+            served.timer.cancel()
+        self.engine.unload(served.model)
 
     async def unload(self, entry: PairEntry) -> None:
-        lm = self._loaded.get(self._key(entry))
-        if lm is not None:
-            self._unload(lm)
+        served = self._loaded.get(self._key(entry))
+        if served is not None:
+            self._unload(served)
 
     async def unload_all(self) -> None:
-        """Stop: free every model (after its queued work) and write the suffix caches' files."""
-        for lm in list(self._loaded.values()):
-            self._unload(lm)
-            await asyncio.to_thread(lm.pool.join, 30)
-        await asyncio.to_thread(self.caches.save)
+        """Stop: free every model (after its queued work) and write what must outlive the process."""
+        for served in list(self._loaded.values()):
+            self._unload(served)
+            await self.engine.join(served.model, 30)
+        await self.engine.close()
 
-    def touch(self, lm: Loaded, keep_alive: float | None) -> None:
+    def touch(self, served: Served, keep_alive: float | None) -> None:
         """Push the model's expiry out by keep_alive seconds (negative: never; 0: now)."""
         ka = self.keep_alive if keep_alive is None else keep_alive
-        if lm.timer:
-            lm.timer.cancel()
-            lm.timer = None
+        if served.timer:
+            served.timer.cancel()
+            served.timer = None
         if ka < 0:
-            lm.expires_at = None
+            served.expires_at = None
             return
-        lm.expires_at = time.time() + ka
+        served.expires_at = time.time() + ka
         loop = asyncio.get_running_loop()
-        lm.timer = loop.call_later(max(ka, 0.0), self._expire, lm)
+        served.timer = loop.call_later(max(ka, 0.0), self._expire, served)
 
-    def _expire(self, lm: Loaded) -> None:
-        lm.timer = None
-        loading = self._locks.get(lm.key)
+    def _expire(self, served: Served) -> None:
+        served.timer = None
+        loading = self._locks.get(served.key)
         # A request loading a pair onto it has queued (or is about to queue) work on its slots:
         # stopping their threads now would leave that request waiting forever. Look again later.
-        if lm.in_flight or (loading is not None and loading.locked()):
-            lm.timer = asyncio.get_running_loop().call_later(1.0, self._expire, lm)
-        elif lm.expires_at is not None and time.time() >= lm.expires_at - 0.01:
-            self._unload(lm)
+        if served.in_flight or (loading is not None and loading.locked()):
+            served.timer = asyncio.get_running_loop().call_later(1.0, self._expire, served)
+        elif served.expires_at is not None and time.time() >= served.expires_at - 0.01:
+            self._unload(served)
 
     # -- reloading ----------------------------------------------------------------------------
     def apply(self, new_entries: dict[str, PairEntry]) -> Changes:
         """Switch to a new set of pairs without disturbing the ones that did not change.
 
         Unchanged pairs keep their entry object, loaded target and drafter. A changed or removed
-        pair loses its drafter here, but requests already running hold their own PairEngine and
-        the drafter is freed by a job queued behind them on the model's thread; a target no pair
-        uses any more is unloaded the same way (its queue drains first). Runs on the event loop
+        pair loses its drafter here, but the engine frees it only after the requests already
+        running on it; a target no pair uses any more is unloaded the same way (its queue drains
+        first). Runs on the event loop
         without awaiting, so no request sees half of the old and half of the new set."""
         new = {name.lower(): e for name, e in new_entries.items()}
         changes = Changes()
@@ -190,52 +223,38 @@ class Runtime:
             merged[key] = entry
         changes.removed = [e.name for key, e in self.entries.items() if key not in new]
         self.entries = merged
+        self._resolve_formats()
         self._reconcile()
         return changes
 
-    def _has_engine(self, lm: Loaded, entry: PairEntry) -> bool:
-        """Whether lm carries a drafter fit for this declaration of the pair."""
-        pe = lm.pairs.get(entry.name)
-        return pe is not None and (pe.entry is entry or pe.entry is None
-                                   or same_engine(pe.entry, entry))
-
-    def _install(self, lm: Loaded, entry: PairEntry, pe: PairEngine) -> None:
-        """Put a freshly built drafter in place; one it displaces is freed once its users finish.
-
-        Displacement happens when a request that started before a reload loads its (old) pair
-        after the reload dropped it, or the reverse."""
-        old = lm.pairs.get(entry.name)
-        lm.pairs[entry.name] = pe
-        if old is not None and old is not pe:
-            free_engine(self.weights, lm, old)
-
-    def _drop_engine(self, lm: Loaded, name: str) -> None:
-        pe = lm.pairs.pop(name, None)
-        if pe is not None:
-            free_engine(self.weights, lm, pe)
+    def _has_engine(self, model: Model, entry: PairEntry) -> bool:
+        """Whether the model carries a drafter fit for this declaration of the pair."""
+        built = model.pair(entry.name)
+        return built is not None and (built is entry or same_engine(built, entry))
 
     def _reconcile(self) -> None:
         """Bring what is loaded in line with self.entries (after apply, and retried while busy)."""
         self._reconcile_timer = None
         live = {self._key(e) for e in self.entries.values()}
         busy = False
-        for lm in list(self._loaded.values()):
-            loading = self._locks.get(lm.key)
-            if lm.key not in live:
+        for served in list(self._loaded.values()):
+            loading = self._locks.get(served.key)
+            if served.key not in live:
                 if loading is not None and loading.locked():
                     # A request is loading onto it: stopping its thread now would strand that
                     # request's stream job. Look again once the load is through.
                     busy = True
                 else:
-                    self._unload(lm)
+                    self._unload(served)
                 continue
-            for name, pe in list(lm.pairs.items()):
+            model = served.model
+            for name in model.status().pairs:
                 cur = self.entries.get(name.lower())
-                if cur is not None and cur.name == name and self._key(cur) == lm.key and (
-                        pe.entry is cur or pe.entry is None or same_engine(pe.entry, cur)):
-                    pe.entry = cur  # only per-request defaults changed: keep the drafter
+                if cur is not None and cur.name == name and self._key(cur) == served.key \
+                        and self._has_engine(model, cur):
+                    self.engine.rebind_pair(model, cur)  # only per-request defaults changed: keep the drafter
                 else:
-                    self._drop_engine(lm, name)
+                    self.engine.drop_pair(model, name)
         # A target still being loaded for a pair that just went away lands in _loaded later.
         busy = busy or any(lock.locked() for key, lock in self._locks.items() if key not in live)
         if busy:
@@ -256,7 +275,7 @@ class Runtime:
         """Generation requests admitted and not finished (waiting or running)."""
         return self._pending
 
-    def _admit(self, entry: PairEntry, job: Job) -> tuple[Effective, str | None, Job]:
+    def _admit(self, entry: PairEntry, job: Job) -> tuple[Effective, str | None, PairFormat, Job]:
         """Everything that can be refused before any work: options, format, capabilities; and the
         job with `think` settled (render.admit).
 
@@ -266,30 +285,31 @@ class Runtime:
             raise ShuttingDown("server shutting down")
         opts = effective(entry.params, coerce(job.options))
         grammar = gbnf_for_format(job.format)
-        prompt = render.admit(entry, job.prompt)
-        return opts, grammar, job if prompt is job.prompt else replace(job, prompt=prompt)
+        fmt = self.format(entry)
+        prompt = render.admit(entry, fmt, job.prompt)
+        return opts, grammar, fmt, job if prompt is job.prompt else replace(job, prompt=prompt)
 
     async def render_only(self, entry: PairEntry, job: Job) -> str:
         """The prompt text a job would run on (Ollama's `_debug_render_only`), fitted to the window."""
-        opts, _, job = self._admit(entry, job)
-        lm, _ = await self.load(entry, opts.num_ctx)
-        return await generation.render_text(entry, job, lm, opts)
+        opts, _, fmt, job = self._admit(entry, job)
+        model, _ = await self.load(entry, opts.num_ctx)
+        return await generation.render_text(entry, fmt, job, model)
 
     async def _load_only(self, entry: PairEntry, job: Job, opts: Effective) -> Outcome:
         """A job with an empty prompt: load the model (keeping it for keep_alive), or unload it."""
         if job.keep_alive == 0:
             await self.unload(entry)
-            return Outcome(Result(done_reason="unload"))
-        lm, seconds = await self.load(entry, opts.num_ctx)
-        self.touch(lm, job.keep_alive)
-        return Outcome(Result(done_reason="load"), seconds)
+            return Outcome(done_reason="unload")
+        served, seconds = await self._load(entry, opts.num_ctx)
+        self.touch(served, job.keep_alive)
+        return Outcome(done_reason="load", load_seconds=seconds)
 
     async def generate(self, entry: PairEntry, job: Job) -> AsyncIterator[Delta | Outcome]:
         """Stream the output as Deltas, then one Outcome.
 
         Raises what refuses the job (ClientErrors, ServerBusy) before the first item, and
         ShuttingDown when the drain deadline of a shutdown cut the generation short."""
-        opts, grammar, job = self._admit(entry, job)
+        opts, grammar, fmt, job = self._admit(entry, job)
         if job.load_only:
             yield await self._load_only(entry, job, opts)
             return
@@ -297,14 +317,15 @@ class Runtime:
             raise ServerBusy("server busy, please try again.  maximum pending requests exceeded")
         self._pending += 1
         try:
-            lm, load_seconds = await self.load(entry, opts.num_ctx)
-            lm.in_flight += 1
+            served, load_seconds = await self._load(entry, opts.num_ctx)
+            served.in_flight += 1
             try:
-                async for item in generation.run(entry, job, lm, opts, grammar, load_seconds, self.halt):
+                async for item in generation.run(self.engine, served.model, entry, fmt, job, opts, grammar,
+                                                 load_seconds, self.halt):
                     yield item
             finally:
-                lm.in_flight -= 1
-                if self._loaded.get(lm.key) is lm:
-                    self.touch(lm, job.keep_alive)
+                served.in_flight -= 1
+                if self._loaded.get(served.key) is served:
+                    self.touch(served, job.keep_alive)
         finally:
             self._pending -= 1

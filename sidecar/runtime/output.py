@@ -1,10 +1,10 @@
 """A request's raw output split as Ollama splits it: thinking, content and tool calls.
 
-Which parser runs is Ollama's choice (server/routes.go ChatHandler / GenerateHandler): a model
-whose manifest names a built-in parser (qwen3, harmony for gpt-oss) gets it, and it handles
-thinking and tool calls itself. Otherwise the generic tag parser takes the thinking out when
-thinking is on and the template has tags (pre-fed the opening tag when the prompt already ends
-with it), and the template-keyed tool-call parser looks for calls when the request offers tools.
+Which parser runs is Ollama's choice (server/routes.go ChatHandler / GenerateHandler), made once
+per pair (runtime.format): a model whose manifest names a built-in parser (qwen3, harmony for
+gpt-oss) gets it, and it handles thinking and tool calls itself; otherwise the generic parser takes
+the thinking out when thinking is on and the template has tags, and looks for the template's tool
+calls when the request offers tools. Every parser has one shape, so there is one path here.
 
 `end_of_thinking` is the text after which an answer begins: a `format` is held back until then,
 so a thinking model with a schema still thinks (Ollama restarts the request with the constraint
@@ -13,14 +13,12 @@ at that point; the engine applies it from that token on instead).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from sidecar.config.entries import PairEntry
-from sidecar.runtime import render
-from sidecar.runtime.contract import Prompt
-from sidecar.templates.parsers import Parser, ThinkingParser, parser_for_name, thinking_parser_for
-from sidecar.templates.tools import ToolCallParser
+from sidecar.runtime.contract import Delta, Logprob, Prompt
+from sidecar.runtime.format import PairFormat
+from sidecar.templates.parsers import Parser, TemplateParser
 
 # Where a built-in parser's answer starts (qwen3: after the thinking block; harmony: the final channel).
 _ANSWER_STARTS = {"qwen3": "</think>", "qwen3-thinking": "</think>", "harmony": "<|channel|>final<|message|>"}
@@ -28,65 +26,38 @@ _ANSWER_STARTS = {"qwen3": "</think>", "qwen3-thinking": "</think>", "harmony": 
 
 @dataclass
 class OutputParser:
-    builtin: Parser | None = None
-    builtin_name: str | None = None
-    thinking: ThinkingParser | None = None
-    tools: ToolCallParser | None = None
-    closing_tag: str | None = None  # the generic thinking parser's
-    rendered_tools: list[dict[str, Any]] | None = field(default=None)
+    parser: Parser
+    rendered_tools: list[dict[str, Any]] | None  # the tools as the prompt shows them (harmony renames them)
+    answer_start: str | None  # a built-in parser's; the generic one knows its own once it has seen the prompt
 
     @classmethod
-    def start(cls, entry: PairEntry, prompt: Prompt) -> OutputParser:
-        """The parsers for a request, before its prompt is rendered: a built-in parser decides how
-        the tools are rendered (harmony renames them), see `rendered_tools`."""
+    def start(cls, fmt: PairFormat, prompt: Prompt) -> OutputParser:
+        """The request's parser, before its prompt is rendered: it decides how the tools are rendered."""
+        parser = fmt.new_parser(prompt.raw)
         tools = list(prompt.tools) if prompt.tools else None
-        name = render.parser_name(entry) if not prompt.raw else None
-        builtin = parser_for_name(name) if name else None
-        if builtin is None:
-            return cls(rendered_tools=tools)
-        think = "high" if name == "harmony" and prompt.think == "max" else prompt.think
+        think = "high" if fmt.parser == "harmony" and prompt.think == "max" else prompt.think
         last = dict(prompt.messages[-1]) if prompt.chat and prompt.messages else None
-        rendered = builtin.init(tools if prompt.chat else None, last, think)
-        return cls(builtin, name, rendered_tools=rendered or None)
+        rendered = parser.init(tools if prompt.chat else None, last, think)
+        answer = None
+        if not prompt.raw and not (parser.has_thinking_support() and prompt.think is not None and not prompt.thinks):
+            answer = _ANSWER_STARTS.get(fmt.parser or "")  # thinking switched off: constrain from the first token
+        return cls(parser, rendered or None, answer)
 
-    def after_render(self, entry: PairEntry, prompt: Prompt, text: str) -> None:
-        """The generic parsers, which need the rendered prompt (it may already open the thinking)."""
-        if self.builtin is not None or prompt.raw:
-            return
-        tags = render.thinking_tags(entry)
-        if tags is not None:
-            self.thinking = thinking_parser_for(text, tags[0], tags[1], prompt.think)
-            self.closing_tag = tags[1] if self.thinking is not None else None
-        if prompt.tools:
-            self.tools = ToolCallParser(render.template_source(entry).text, list(prompt.tools))
-
-    @property
-    def parses(self) -> bool:
-        return self.builtin is not None or self.thinking is not None or self.tools is not None
-
-    def end_of_thinking(self, prompt: Prompt) -> str | None:
-        """Where the answer starts, when a format must wait for it (routes.go structuredOutputsState)."""
-        if self.builtin is not None:
-            if self.builtin.has_thinking_support() and prompt.think is not None and not prompt.thinks:
-                return None  # thinking switched off: constrain from the first token
-            return _ANSWER_STARTS.get(self.builtin_name or "")
-        return self.closing_tag
+    def begin(self, prompt: str) -> None:
+        """The rendered prompt: the generic parser checks whether it already opens the thinking."""
+        self.parser.begin(prompt)
 
     def preserved_tokens(self) -> list[str]:
         """Control tokens the parser must see as text (harmony's <|channel|> and friends)."""
-        return self.builtin.preserved_tokens() if self.builtin is not None else []
+        return self.parser.preserved_tokens()
 
-    def feed(self, text: str, done: bool = False) -> tuple[str, str, list[dict[str, Any]]]:
-        """(content, thinking, tool calls) final after this text; `done` at the end releases the rest."""
-        if self.builtin is not None:
-            return self.builtin.add(text, done)
-        thinking = ""
-        if self.thinking is not None:
-            thinking, text = self.thinking.add(text)
-        if self.tools is None:
-            return text, thinking, []
-        content, calls = self.tools.feed(text)
-        if done:
-            rest, more = self.tools.flush()
-            content, calls = content + rest, calls + more
-        return content, thinking, calls
+    def end_of_thinking(self) -> str | None:
+        """Where the answer starts, when a format must wait for it (routes.go structuredOutputsState)."""
+        return self.parser.closing_tag if isinstance(self.parser, TemplateParser) else self.answer_start
+
+    def delta(self, text: str, done: bool, logprobs: list[Logprob]) -> Delta | None:
+        """What `text` made final, with the logprobs of the tokens it came from; `done` releases the rest."""
+        content, thinking, calls = self.parser.add(text, done)
+        if not (content or thinking or calls or logprobs):
+            return None
+        return Delta(content, tuple(calls), thinking, tuple(logprobs))

@@ -1,7 +1,7 @@
 """Putting a target and its pairs' drafters into memory, and taking them out again.
 
-A loaded target (`Loaded`) is one GGUF with N slots: each slot is a llama.cpp context with its
-own KV cache and its own worker thread (runtime.worker.Pool). Every pair riding on the target
+A loaded target (`Loaded`, the engine's `Model`) is one GGUF with N slots: each slot is a llama.cpp
+context with its own KV cache and its own worker thread (worker.Pool). Every pair riding on the target
 adds a `PairEngine`: a decoder per slot, with its drafter (for a model draft, a draft context per
 slot) and one cost model the slots share. Freeing always goes through the slots' own threads,
 behind the jobs already queued there, so a running stream never loses its context under it.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,13 +23,13 @@ from sidecar.engine.decoder import Decoder
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from sidecar.engine.hybrid import HybridDrafter
 from sidecar.engine.llama import Context, ContextParams, Weights, system_info
-from sidecar.engine.pairing import check_pair
 from sidecar.engine.suffix import SuffixDrafter
-from sidecar.runtime import render
+from sidecar.pairing.rules import check_pair
 from sidecar.runtime.caches import SuffixCaches
-from sidecar.runtime.curves import CurveCache, curve_key
-from sidecar.runtime.registry import WeightsRegistry
-from sidecar.runtime.worker import Pool
+from sidecar.runtime.contract import ModelStatus, Vocabulary
+from sidecar.runtime.llamacpp.curves import CurveCache, curve_key
+from sidecar.runtime.llamacpp.registry import WeightsRegistry
+from sidecar.runtime.llamacpp.worker import Pool
 
 log = logging.getLogger("sidecar.runtime")
 
@@ -53,18 +54,14 @@ class Slot:
     ctx: Context
 
 
-@dataclass
+@dataclass(eq=False)
 class Loaded:
     """A loaded target model: weights, its slots and their threads, and the pairs riding on it."""
 
-    key: str
     weights: Weights
     slots: list[Slot]
     pool: Pool[Slot]
     pairs: dict[str, PairEngine] = field(default_factory=dict)
-    expires_at: float | None = None  # time.time() deadline; None = never
-    in_flight: int = 0
-    timer: asyncio.TimerHandle | None = None
     calibrated: CostModel | None = None
     curve: str | None = None  # where the verify curve came from: cached, measured, provisional
 
@@ -73,13 +70,42 @@ class Loaded:
         """The context length of each slot (every slot has the same)."""
         return self.slots[0].ctx.n_ctx
 
+    def vocabulary(self) -> Vocabulary:
+        return vocabulary(self.weights)
+
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]:
+        return self.weights.tokenize(text, add_special=add_special, parse_special=True)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.weights.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def starts_with_bos(self, text: str) -> bool:
+        return self.weights.starts_with_bos(text)
+
+    def pair(self, name: str) -> PairEntry | None:
+        pe = self.pairs.get(name)
+        return pe.entry if pe is not None else None
+
+    def status(self) -> ModelStatus:
+        return ModelStatus(str(self.weights.path), self.n_ctx, len(self.slots), tuple(sorted(self.pairs)),
+                           self.weights.gpu_layers, self.curve)
+
+
+def vocabulary(weights: Weights) -> Vocabulary:
+    """The BOS and EOS texts a chat template may write."""
+    vi = weights.vocab_info()
+    return Vocabulary(
+        bos=weights.token_text(vi.bos).decode("utf-8", "replace") if vi.bos >= 0 else "",
+        eos=weights.token_text(vi.eos).decode("utf-8", "replace") if vi.eos >= 0 else "",
+    )
+
 
 @functools.cache
 def _log_backend() -> None:
     log.info("llama.cpp backend: %s", system_info())
 
 
-def load_target(registry: WeightsRegistry, entry: PairEntry, key: str, n_ctx: int, n_slots: int) -> Loaded:
+def load_target(registry: WeightsRegistry, entry: PairEntry, n_ctx: int, n_slots: int) -> Loaded:
     """Map the target's weights and make its slots (blocking: run it off the event loop)."""
     _log_backend()
     rt = entry.config.runtime
@@ -98,7 +124,7 @@ def load_target(registry: WeightsRegistry, entry: PairEntry, key: str, n_ctx: in
             slot.ctx.close()
         registry.release(weights)
         raise
-    return Loaded(key, weights, slots, Pool(entry.name, slots))
+    return Loaded(weights, slots, Pool(entry.name, slots))
 
 
 async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded, caches: SuffixCaches,
@@ -107,10 +133,6 @@ async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded, cac
 
     The sources: the n-gram drafter, the cross-request suffix cache beside it, and a draft model;
     with more than one, each round drafts from the one the planner expects most of (engine.hybrid)."""
-    for note in render.notes(entry):
-        log.warning("%s: %s", entry.name, note)
-    if entry.chosen:
-        log.info("%s: %s", entry.name, entry.chosen)
     ngram, d = entry.ngram, entry.model_draft
     spec = entry.config.speculative.engine(ngram=ngram is not None)
     draft_w: Weights | None = None
@@ -163,7 +185,7 @@ def _acquire_draft(registry: WeightsRegistry, path: Path, d: ModelDraft, lm: Loa
 
 
 CURVE_BUDGET = 1.0  # seconds a load may spend measuring the target's verify curve, however busy the machine
-DRAFT_BUDGET = 0.3  # ... and the draft's step and catch-up; a cached load measures nothing (runtime.curves)
+DRAFT_BUDGET = 0.3  # ... and the draft's step and catch-up; a cached load measures nothing (curves)
 
 
 def _cost_model(lm: Loaded, ctx: Context, spec: SpeculativeConfig, draft_ctx: Context | None,

@@ -10,23 +10,15 @@ is provisional: it is used, the planner's online estimates replace it, and it is
 
 from __future__ import annotations
 
-import functools
-import hashlib
 from pathlib import Path
 from typing import Any
 
 from sidecar.engine.adaptive import CostModel
-from sidecar.engine.llama import Context, default_threads, system_info
-from sidecar.models.vocab import FileCache
+from sidecar.engine.llama import Context, backend_id, default_threads
+from sidecar.models.cache import FileCache
 from sidecar.storage import KeyedCache, cache_dir
 
 FORMAT = "spec-sidecar/cost-curve-1"
-
-
-@functools.cache
-def backend_id() -> str:
-    """A short hash of llama.cpp's system info: the build and the backends (CPU features, GPUs) it runs on."""
-    return hashlib.sha256(system_info().encode()).hexdigest()[:12]
 
 
 def curve_key(path: Path, ctx: Context, gpu_layers: int, role: str, rows: int = 0) -> dict[str, Any]:
