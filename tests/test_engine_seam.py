@@ -6,6 +6,7 @@ Outcome carries every counter its decoder reports."""
 
 from __future__ import annotations
 
+import ast
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -31,6 +32,7 @@ from sidecar.runtime.contract import (
 from sidecar.runtime.manager import Runtime
 
 Factory = Callable[..., Awaitable[TestClient]]
+SIDECAR = Path(__file__).resolve().parents[1] / "sidecar"
 ANSWER = ["hm", "</think>", "Hello", " there"]
 
 
@@ -152,3 +154,24 @@ async def test_a_reload_goes_through_the_engine(runtime: Runtime, tiny: Path) ->
 
 def test_the_outcome_carries_every_counter_of_the_decoder() -> None:
     assert {f.name for f in fields(Result)} <= {f.name for f in fields(Outcome)}
+
+
+def _imports(f: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out
+
+
+def test_llama_cpp_stays_behind_the_seam() -> None:
+    """Only the llama.cpp engine's package reads llama.cpp (the suffix caches, which the engine owns,
+    still take its Weights for their vocabulary id); the API never names an engine."""
+    llama = {str(f.relative_to(SIDECAR)) for f in (SIDECAR / "runtime").rglob("*.py")
+             if "sidecar.engine.llama" in _imports(f) and "llamacpp" not in f.parts}
+    assert llama <= {"runtime/caches.py"}, llama
+    api = {str(f.relative_to(SIDECAR)): names for f in (SIDECAR / "api").rglob("*.py")
+           if (names := {m for m in _imports(f) if m.startswith("sidecar.runtime.llamacpp")})}
+    assert not api, api
