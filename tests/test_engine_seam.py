@@ -29,6 +29,7 @@ from sidecar.runtime.contract import (
     TokenLogprob,
     Vocabulary,
 )
+from sidecar.runtime.llamacpp import LlamaEngine
 from sidecar.runtime.manager import Runtime
 
 Factory = Callable[..., Awaitable[TestClient]]
@@ -150,6 +151,21 @@ async def test_a_reload_goes_through_the_engine(runtime: Runtime, tiny: Path) ->
     model, _ = await runtime.load(entry)
     runtime.apply({})
     assert runtime.engine.unloaded == [model]  # type: ignore[attr-defined]
+
+
+async def test_the_llama_engine_is_one_such_engine(tiny: Path) -> None:
+    rt = Runtime(LlamaEngine(), keep_alive=-1)
+    entry = build_entry("tiny:test", Pair.model_validate(
+        {"from": str(tiny), "runtime": {"num_thread": 1, "num_gpu": 0}, "parameters": {"num_ctx": 256}}))
+    rt.set_entries({entry.name: entry})
+    model, _ = await rt.load(entry)
+    try:
+        assert model.detokenize(model.tokenize("hello there", add_special=False)) == "hello there"
+        assert model.pair("tiny:test") is entry
+        s = rt.status()[0]
+        assert (s.context_length, s.parallel, s.pairs, s.gpu_layers) == (256, 1, ("tiny:test",), 0)
+    finally:
+        await rt.unload_all()
 
 
 def test_the_outcome_carries_every_counter_of_the_decoder() -> None:
