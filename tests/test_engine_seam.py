@@ -52,9 +52,6 @@ class FakeModel:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return bytes(tokens).decode()
 
-    def starts_with_bos(self, text: str) -> bool:
-        return False
-
     def pair(self, name: str) -> PairEntry | None:
         return self.pairs.get(name)
 

@@ -151,7 +151,9 @@ class Generation:
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """What templates need of a model's vocabulary: its BOS and EOS texts ("" if it has none)."""
+    """What the runtime needs of a model's vocabulary, whatever the engine: the BOS and EOS texts
+    ("" if it has none) a chat template writes, and a rendered prompt may already begin with.
+    Token-level facts (ids, types) stay with the engine and pairing."""
 
     bos: str
     eos: str
@@ -187,10 +189,6 @@ class Model(Protocol):
         ...
 
     def detokenize(self, tokens: Sequence[int]) -> str: ...
-
-    def starts_with_bos(self, text: str) -> bool:
-        """Whether a rendered prompt already begins with the BOS token's text."""
-        ...
 
     def pair(self, name: str) -> PairEntry | None:
         """The declaration the pair's drafting on this model was built from; None: not loaded here."""

@@ -129,7 +129,8 @@ def prepare(entry: PairEntry, fmt: PairFormat, prompt: Prompt, model: Model, tru
 
 def _tokenized(text: str, before: list[int] | None, model: Model) -> Rendered:
     # Add BOS when the vocabulary wants it, unless the template already wrote it (or ids come first).
-    add_special = not before and not model.starts_with_bos(text)
+    bos = model.vocabulary().bos
+    add_special = not before and not (bos and text.startswith(bos))
     return Rendered(text, list(before or []) + model.tokenize(text, add_special=add_special))
 
 

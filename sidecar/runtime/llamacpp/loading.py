@@ -22,8 +22,9 @@ from sidecar.engine.adaptive import CostModel, SpeculativeConfig
 from sidecar.engine.decoder import Decoder
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from sidecar.engine.hybrid import HybridDrafter
-from sidecar.engine.llama import Context, ContextParams, Weights, system_info
+from sidecar.engine.llama import Context, ContextParams, Weights, default_threads, system_info
 from sidecar.engine.suffix import SuffixDrafter
+from sidecar.pairing.costs import ServedCosts
 from sidecar.pairing.rules import check_pair
 from sidecar.runtime.caches import SuffixCaches
 from sidecar.runtime.contract import ModelStatus, Vocabulary
@@ -78,9 +79,6 @@ class Loaded:
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.weights.piece(t) for t in tokens).decode("utf-8", "replace")
-
-    def starts_with_bos(self, text: str) -> bool:
-        return self.weights.starts_with_bos(text)
 
     def pair(self, name: str) -> PairEntry | None:
         pe = self.pairs.get(name)
@@ -205,6 +203,8 @@ def _cost_model(lm: Loaded, ctx: Context, spec: SpeculativeConfig, draft_ctx: Co
             if not cal.provisional:
                 curves.put_target(key, cal)
         lm.calibrated = cal
+        if not cal.provisional:  # a quiet measurement prices the probes' agreement (pairing.costs)
+            ServedCosts().put_target(lm.weights.path, cal.t_step, ctx.params.n_threads or default_threads())
         curve = ", ".join(f"{v:.2f}" for v in cal.verify_curve())
         log.info("verify cost curve of %s (x one-token step, n = 1..%d): %s; plain steps after a batch "
                  "cost %.2f steps more [%s, %.2fs]", lm.weights.path.name, rows, curve,
@@ -217,11 +217,14 @@ def _cost_model(lm: Loaded, ctx: Context, spec: SpeculativeConfig, draft_ctx: Co
     if draft_ctx is not None:
         key = curve_key(draft_ctx.weights.path, draft_ctx, draft_ctx.weights.gpu_layers, "draft")
         cached = curves.draft(key)
+        quiet = cached is not None
         if cached is not None:
             cost.t_draft, cost.t_catchup = cached
-        else:
-            if cost.calibrate_draft(draft_ctx, budget=DRAFT_BUDGET):
-                curves.put_draft(key, cost)
+        elif quiet := cost.calibrate_draft(draft_ctx, budget=DRAFT_BUDGET):
+            curves.put_draft(key, cost)
+        if quiet:
+            ServedCosts().put_draft(draft_ctx.weights.path, cost.t_draft,
+                                    draft_ctx.params.n_threads or default_threads())
     return cost
 
 
