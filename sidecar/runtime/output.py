@@ -38,9 +38,10 @@ class OutputParser:
         think = "high" if fmt.parser == "harmony" and prompt.think == "max" else prompt.think
         last = dict(prompt.messages[-1]) if prompt.chat and prompt.messages else None
         rendered = parser.init(tools if prompt.chat else None, last, think)
-        answer = None
-        if not prompt.raw and not (parser.has_thinking_support() and prompt.think is not None and not prompt.thinks):
-            answer = _ANSWER_STARTS.get(fmt.parser or "")  # thinking switched off: constrain from the first token
+        # A built-in parser's answer starts at its marker, unless thinking was switched off: then
+        # from the first token (and a raw prompt is parsed by no built-in parser at all).
+        off = parser.has_thinking_support() and prompt.think is not None and not prompt.thinks
+        answer = None if prompt.raw or off else _ANSWER_STARTS.get(fmt.parser or "")
         return cls(parser, rendered or None, answer)
 
     def begin(self, prompt: str) -> None:
