@@ -54,6 +54,9 @@ class Served:
 
 
 class Runtime:
+    """The served pairs over one engine: everything about a request between the API and the
+    engine (admission, formats, loading and sharing, keep_alive, queue limits, reloads)."""
+
     def __init__(self, engine: Engine, *, keep_alive: float = 300.0, max_queue: int = 512,
                  num_parallel: int = 1) -> None:
         self.engine = engine
@@ -107,6 +110,7 @@ class Runtime:
         return [s.status() for s in self._loaded.values()]
 
     def loaded_entries(self) -> list[tuple[PairEntry, Served]]:
+        """Every pair whose target and drafting are loaded, with its target (/api/ps, metrics)."""
         out = []
         for e in self.entries.values():
             served = self._loaded.get(self._key(e))
