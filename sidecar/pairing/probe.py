@@ -345,8 +345,8 @@ class Prober:
         if served is None:
             return result
         t_draft = self.served.draft(draft, threads)
-        if t_draft is None:  # the draft's own step, in the served curve's seconds
-            t_draft = result.t_draft / result.t_step[1] * served[1]
+        if t_draft is None:  # the probe's quiet step, else the files' share of a served target step
+            t_draft = result.t_draft * served[1] if result.timings == "files" else result.t_draft
         return replace(result, t_step=served[: self.settings.n_max + 2], t_draft=t_draft, timings="served")
 
     def close(self) -> None:
