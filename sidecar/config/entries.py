@@ -31,7 +31,7 @@ class PairEntry:
     metadata: dict[str, Any]
     modified: float
     # The draft model the pair drafts with: the one it names, or for `draft: auto` the one
-    # runtime.auto chose (`chosen` says which and why).
+    # pairing.auto chose (`chosen` says which and why).
     model_draft: ModelDraft | None = None
     chosen: str | None = None
     auto: bool = False  # served by `auto: true` under the store model's own name

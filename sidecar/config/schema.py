@@ -143,7 +143,7 @@ class ModelDraft(LoadSettings):
 
 class AutoDraft(Strict):
     """`draft: auto`: the n-gram drafter plus the best draft model the stores hold for the target,
-    chosen at load and again at reload (runtime.auto); the n-gram drafter alone when none fits."""
+    chosen at load and again at reload (pairing.auto); the n-gram drafter alone when none fits."""
 
     type: Literal["auto"]
 
@@ -272,6 +272,6 @@ class Config(Strict):
     listen: str | None = None
     drain_timeout: float | None = Field(None, ge=0)  # seconds streams may finish on SIGTERM (read at start)
     models: dict[str, str] = Field(default_factory=dict)  # store locations: ollama, lmstudio
-    # Serve, under its own name, every store model with a draft predicted to pay (runtime.auto).
+    # Serve, under its own name, every store model with a draft predicted to pay (pairing.auto).
     auto: bool = False
 
