@@ -17,7 +17,7 @@ from sidecar.engine import adaptive
 from sidecar.engine.adaptive import CostModel, SpeculativeConfig, expected_tokens
 from sidecar.engine.drafters import Support
 from sidecar.engine.llama import Context, ContextParams, Weights
-from sidecar.engine.planner import Plan, Source
+from sidecar.engine.planner import PLAIN, Key, Plan, Round, Source
 
 INF = math.inf
 # Seconds to verify 1..9 rows. GPU: one pass costs about the same for any n.
@@ -212,11 +212,11 @@ def test_on_a_gpu_starting_a_batch_must_repay_the_graph_it_interrupts() -> None:
     (after the prompt's prefill, or another batch), not once plain steps are at full speed again."""
     p = plan([1.0] + [3.5] * 8)
     p.cost.t_switch = 4.0
-    p.sources[0].support = lambda: Support(key=1, prior=0.8)
-    assert p.draft_length(0, INF, 100) == 8  # right after the prompt: the graph is cold anyway
+    p.sources[0].support = lambda: Support(cls=1, prior=0.8)
+    assert p.decide(0, INF, 100).k == 8  # right after the prompt: the graph is cold anyway
     for produced in (1, 2):
-        p.record(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=1.0, produced=produced)
-    assert p.draft_length(2, INF, 100) == 0
+        p.record(PLAIN, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=1.0, produced=produced)
+    assert p.decide(2, INF, 100).k == 0
 
 
 # -- draft length ----------------------------------------------------------------------------------
@@ -226,27 +226,27 @@ def test_short_num_predict_runs_target_only() -> None:
     p = plan(FLAT, num_predict=8)
     assert not p.enabled
     assert p.fallback is not None and "short output" in p.fallback
-    assert all(p.draft_length(i, 8 - i, 100) == 0 for i in range(8))
+    assert all(p.decide(i, 8 - i, 100).k == 0 for i in range(8))
 
 
 @pytest.mark.parametrize("num_predict", [-1, 16, 500])
 def test_long_or_unlimited_output_speculates(num_predict: int) -> None:
     p = plan(FLAT, num_predict=num_predict)
     assert p.enabled and p.fallback is None
-    assert p.draft_length(0, INF if num_predict < 0 else num_predict, 100) > 0
+    assert p.decide(0, INF if num_predict < 0 else num_predict, 100).k > 0
 
 
 def test_cheap_verification_drafts_longer_than_costly_verification() -> None:
     """GPU-like flat curve: the longest draft allowed; CPU-like curve: a short one, but still one."""
-    k_gpu = plan(FLAT).draft_length(0, INF, 100)
-    k_cpu = plan(CPU).draft_length(0, INF, 100)
+    k_gpu = plan(FLAT).decide(0, INF, 100).k
+    k_cpu = plan(CPU).decide(0, INF, 100).k
     assert k_gpu == 8
     assert 1 <= k_cpu < k_gpu
 
 
 def test_draft_cost_shortens_the_draft() -> None:
-    free = plan(CPU).draft_length(0, INF, 100)
-    paid = plan(CPU, draft_has_cost=True, t_draft=0.3).draft_length(0, INF, 100)
+    free = plan(CPU).decide(0, INF, 100).k
+    paid = plan(CPU, draft_has_cost=True, t_draft=0.3).decide(0, INF, 100).k
     assert paid < free
 
 
@@ -256,24 +256,27 @@ def test_draft_cost_shortens_the_draft() -> None:
 )
 def test_draft_length_respects_its_caps(remaining: float, room: int, n_max: int, cap: int) -> None:
     """At most n_max, one less than the tokens still wanted, the room left in the context."""
-    assert plan(FLAT, n_max=n_max).draft_length(0, remaining, room) == cap
+    assert plan(FLAT, n_max=n_max).decide(0, remaining, room).k == cap
 
 
 def test_draft_length_never_exceeds_the_measured_table() -> None:
-    assert plan(FLAT[:4], n_max=16).draft_length(0, INF, 100) == 3  # t_step has rows 1..4
+    assert plan(FLAT[:4], n_max=16).decide(0, INF, 100).k == 3  # t_step has rows 1..4
 
 
 def test_costly_verification_without_evidence_falls_back() -> None:
     """When verifying k+1 rows costs k+1 steps, no draft pays even at the prior acceptance."""
     for p in (plan(LINEAR), plan(LINEAR, draft_has_cost=True, t_draft=0.1)):
-        assert p.draft_length(0, INF, 100) == 0
+        assert p.decide(0, INF, 100).k == 0
         assert p.fallback == "verification too costly on this hardware"
 
 
-def _record_rejections(p: Plan, rounds: int, t_step: Sequence[float]) -> None:
+FOUR = Round(k=4, rows=5)
+
+
+def _record_rejections(p: Plan, rounds: int, t_step: Sequence[float], rnd: Round = FOUR) -> None:
     # Verification timings equal to the model's, so the cost model does not move.
     for _ in range(rounds):
-        p.record(drafted=4, accepted=0, draft_seconds=0.0, verify_seconds=t_step[4], produced=0)
+        p.record(rnd, drafted=4, accepted=0, draft_seconds=0.0, verify_seconds=t_step[4], produced=0)
 
 
 def test_low_acceptance_on_costly_hardware_backs_off_then_probes_again() -> None:
@@ -281,10 +284,11 @@ def test_low_acceptance_on_costly_hardware_backs_off_then_probes_again() -> None
     probe_interval plain steps, then after twice as many, in full. The probe budget is lifted here;
     a later test covers it."""
     p = plan(CPU, draft_has_cost=True, probe_interval=4, fallback_rounds=1000, probe_budget=1.0)
-    assert p.draft_length(0, INF, 100) > 0
-    _record_rejections(p, 5, CPU)
-    assert p.acceptance == pytest.approx(0.35 / 5.5)  # (0 + 0.7 x 0.5) / (5 + 0.5)
-    ks = [p.draft_length(i, INF, 100) for i in range(12)]
+    rnd = p.decide(0, INF, 100)
+    assert rnd.k > 0
+    _record_rejections(p, 5, CPU, rnd)
+    assert p.acceptance(rnd) == pytest.approx(0.35 / 5.5)  # (0 + 0.7 x 0.5) / (5 + 0.5)
+    ks = [p.decide(i, INF, 100).k for i in range(12)]
     assert ks == [0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 8]
     assert p.fallback == "draft does not pay: acceptance 0.06"
 
@@ -292,11 +296,11 @@ def test_low_acceptance_on_costly_hardware_backs_off_then_probes_again() -> None
 def test_acceptance_evidence_brings_drafting_back() -> None:
     p = plan(CPU, probe_interval=4, fallback_rounds=1000)
     _record_rejections(p, 5, CPU)
-    assert p.draft_length(0, INF, 100) == 0
+    assert p.decide(0, INF, 100).k == 0
     for _ in range(20):
-        p.record(drafted=4, accepted=4, draft_seconds=0.0, verify_seconds=CPU[4], produced=0)
-    assert p.acceptance > 0.9
-    assert p.draft_length(0, INF, 100) > 1
+        p.record(Round(k=4, rows=5), drafted=4, accepted=4, draft_seconds=0.0, verify_seconds=CPU[4], produced=0)
+    assert p.acceptance(Round()) > 0.9
+    assert p.decide(0, INF, 100).k > 1
 
 
 def test_record_switches_off_when_slower_than_plain_decoding() -> None:
@@ -306,24 +310,25 @@ def test_record_switches_off_when_slower_than_plain_decoding() -> None:
     realised throughput is what switches it off; after the back-off it drafts again."""
     p = plan(FLAT, draft_has_cost=True)  # fallback_rounds 8, margin 0.97, probe_interval 32
     for i in range(7):
-        p.record(drafted=4, accepted=2, draft_seconds=2.5, verify_seconds=FLAT[4], produced=i + 1)
+        p.record(Round(k=4, rows=5), drafted=4, accepted=2, draft_seconds=2.5, verify_seconds=FLAT[4], produced=i + 1)
         assert p.fallback is None
-    p.record(drafted=4, accepted=2, draft_seconds=2.5, verify_seconds=FLAT[4], produced=8)
+    p.record(Round(k=4, rows=5), drafted=4, accepted=2, draft_seconds=2.5, verify_seconds=FLAT[4], produced=8)
     assert p.fallback is not None and p.fallback.startswith("slower than target-only")
     assert "at acceptance 0.50" in p.fallback
-    assert [p.draft_length(n, INF, 100) for n in (8, 20, 39)] == [0, 0, 0]
+    assert [p.decide(n, INF, 100).k for n in (8, 20, 39)] == [0, 0, 0]
     p.cost.t_draft = 0.0  # the slow rounds were a burst of load: drafting is as cheap as it was
-    assert p.draft_length(40, INF, 100) > 0
+    assert p.decide(40, INF, 100).k > 0
 
 
 def test_a_free_source_is_not_switched_off_by_realised_throughput() -> None:
     """Rounds of a free draft that lose are its class's evidence, not a verdict on the drafter: a
     long match still drafts right after short ones failed."""
     p = classed(plan(CPU), key=1, prior=0.5)
+    rnd = Round(k=4, rows=5, support=p.sources[0].support())
     for i in range(16):
-        p.record(drafted=4, accepted=0, draft_seconds=0.0, verify_seconds=CPU[4], produced=i + 1)
+        p.record(rnd, drafted=4, accepted=0, draft_seconds=0.0, verify_seconds=CPU[4], produced=i + 1)
     assert p.fallback is None
-    assert classed(p, key=5, prior=0.95).draft_length(16, INF, 100) > 0
+    assert classed(p, key=5, prior=0.95).decide(16, INF, 100).k > 0
 
 
 def test_starting_to_draft_takes_a_margin_but_staying_on_does_not() -> None:
@@ -331,19 +336,19 @@ def test_starting_to_draft_takes_a_margin_but_staying_on_does_not() -> None:
     # a = 0.7, k = 1: E = 1.7 tokens for 1.667 steps, a predicted 1.02x; longer drafts do worse.
     curve = [1.0, 1.667, 2.6, 3.5, 4.4, 5.3, 6.2, 7.1, 8.0]
     p = plan(curve, draft_has_cost=True, min_gain=1.05)
-    assert p.draft_length(0, INF, 100) == 0
+    assert p.decide(0, INF, 100).k == 0
     p = plan(curve, draft_has_cost=True, min_gain=1.0)
-    assert p.draft_length(0, INF, 100) == 1
+    assert p.decide(0, INF, 100).k == 1
     p.config = SpeculativeConfig(min_gain=1.05)
-    assert p.draft_length(1, INF, 100) == 1
+    assert p.decide(1, INF, 100).k == 1
 
 
 def test_record_keeps_speculation_when_it_pays() -> None:
     p = plan(FLAT)
     for i in range(16):
-        p.record(drafted=4, accepted=3, draft_seconds=0.01, verify_seconds=FLAT[4], produced=4 * i)
+        p.record(Round(k=4, rows=5), drafted=4, accepted=3, draft_seconds=0.01, verify_seconds=FLAT[4], produced=4 * i)
     assert p.fallback is None
-    assert p.draft_length(64, INF, 100) > 0
+    assert p.decide(64, INF, 100).k > 0
 
 
 def test_evidence_carries_over_to_the_next_request() -> None:
@@ -351,13 +356,13 @@ def test_evidence_carries_over_to_the_next_request() -> None:
     and one that always agrees drafts from the first round."""
     bad = plan(CPU, draft_has_cost=True, t_draft=0.3)
     for _ in range(10):
-        bad.record(drafted=4, accepted=0, draft_seconds=1.2, verify_seconds=CPU[4], produced=0)
+        bad.record(Round(k=4, rows=5), drafted=4, accepted=0, draft_seconds=1.2, verify_seconds=CPU[4], produced=0)
     nxt = Plan.start(bad.config, bad.cost, [Source(has_cost=True)], -1)
-    assert [nxt.draft_length(i, INF, 100) for i in range(bad.config.probe_interval * 2)] == [0] * 64
+    assert [nxt.decide(i, INF, 100).k for i in range(bad.config.probe_interval * 2)] == [0] * 64
     good = plan(FLAT, draft_has_cost=True, t_draft=0.01)
     for _ in range(10):
-        good.record(drafted=8, accepted=8, draft_seconds=0.08, verify_seconds=FLAT[8], produced=0)
-    assert Plan.start(good.config, good.cost, [Source(has_cost=True)], -1).draft_length(0, INF, 100) == 8
+        good.record(Round(k=8, rows=9), drafted=8, accepted=8, draft_seconds=0.08, verify_seconds=FLAT[8], produced=0)
+    assert Plan.start(good.config, good.cost, [Source(has_cost=True)], -1).decide(0, INF, 100).k == 8
 
 
 def test_a_costly_probe_waits_until_the_budget_covers_it() -> None:
@@ -368,12 +373,13 @@ def test_a_costly_probe_waits_until_the_budget_covers_it() -> None:
     p.cost.t_catchup = 0.02
     p.sources[0].lag = lambda: lag
     # probe = 1000 x 0.02 + 8 x 0.3 + (9 - 1) = 30.4 steps; 5% of the idle time: 608 idle steps.
-    ks = [p.draft_length(i, INF, 100) for i in range(608)]
+    rounds = [p.decide(i, INF, 100) for i in range(608)]
+    ks = [rnd.k for rnd in rounds]
     assert ks.index(8) == 607 and sum(ks) == 8
-    p.record(drafted=8, accepted=0, draft_seconds=2.4 + 20, verify_seconds=9.0, produced=608, step_seconds=2.4,
-             caught_up=1000)
+    p.record(rounds[607], drafted=8, accepted=0, draft_seconds=2.4 + 20, verify_seconds=9.0, produced=608,
+             step_seconds=2.4, caught_up=1000)
     lag = 0  # a caught-up draft: 10.4 steps, so 208 idle steps
-    ks = [p.draft_length(i, INF, 100) for i in range(300)]
+    ks = [p.decide(i, INF, 100).k for i in range(300)]
     assert ks.index(8) == 207
 
 
@@ -383,78 +389,78 @@ def test_a_model_draft_starts_only_if_the_gain_repays_its_catch_up() -> None:
     p = plan(FLAT, draft_has_cost=True, t_draft=0.05)
     p.cost.t_catchup = 0.02
     p.sources[0].lag = lambda: 1000
-    assert p.draft_length(0, 20, 100) == 0
-    assert p.draft_length(0, INF, 100) > 0
+    assert p.decide(0, 20, 100).k == 0
+    assert p.decide(0, INF, 100).k > 0
     p.sources[0].lag = lambda: 1000  # once drafting, the catch-up is sunk: it does not stop it
-    assert p.draft_length(1, 20, 100) > 0
+    assert p.decide(1, 20, 100).k > 0
 
 
 def test_a_free_drafter_is_never_probed() -> None:
     """An n-gram's support classes carry priors, so a class expected to lose is not paid for."""
     p = plan(LINEAR, probe_interval=4, probe_budget=1.0)
-    assert [p.draft_length(i, INF, 100) for i in range(300)] == [0] * 300
+    assert [p.decide(i, INF, 100).k for i in range(300)] == [0] * 300
 
 
 # -- support classes (drafters.Support) ------------------------------------------------------------
 
 
 def classed(p: Plan, key: int, prior: float | None = None) -> Plan:
-    p.sources[0].support = lambda: Support(key=key, prior=prior)
+    p.sources[0].support = lambda: Support(cls=key, prior=prior)
     return p
 
 
 def test_acceptance_is_kept_per_support_class() -> None:
     """Rejections of drafts continuing short matches do not hold back those continuing long ones."""
     p = classed(plan(CPU, fallback_rounds=1000), key=1, prior=0.5)
-    p.draft_length(0, INF, 100)
-    _record_rejections(p, 5, CPU)
-    assert p.acceptance == pytest.approx(0.25 / 5.5)  # (0 + 0.5 x 0.5) / (5 + 0.5)
-    assert p.draft_length(0, INF, 100) == 0
+    rnd = p.decide(0, INF, 100)
+    _record_rejections(p, 5, CPU, rnd)
+    assert p.acceptance(rnd) == pytest.approx(0.25 / 5.5)  # (0 + 0.5 x 0.5) / (5 + 0.5)
+    assert p.decide(0, INF, 100).k == 0
     classed(p, key=5, prior=0.95)
-    assert p.draft_length(0, INF, 100) > 0
-    assert p.acceptance == pytest.approx(0.95)
+    rnd = p.decide(0, INF, 100)
+    assert rnd.k > 0
+    assert p.acceptance(rnd) == pytest.approx(0.95)
 
 
 def test_a_class_without_evidence_starts_from_its_prior() -> None:
     """A likely class drafts on its prior alone; an unlikely one waits, on costly verification."""
-    assert classed(plan(CPU), key=4, prior=0.9).draft_length(0, INF, 100) > 0
-    assert classed(plan(CPU), key=1, prior=0.3).draft_length(0, INF, 100) == 0
+    assert classed(plan(CPU), key=4, prior=0.9).decide(0, INF, 100).k > 0
+    assert classed(plan(CPU), key=1, prior=0.3).decide(0, INF, 100).k == 0
 
 
 def test_a_class_judged_not_to_pay_is_retried_in_time() -> None:
     """Evidence fades with every request, so a class that lost once gets back to its prior."""
     first = classed(plan(CPU, fallback_rounds=1000), key=4, prior=0.9)
-    first.draft_length(0, INF, 100)
-    _record_rejections(first, 10, CPU)
+    _record_rejections(first, 10, CPU, first.decide(0, INF, 100))
     later = [classed(Plan.start(first.config, first.cost, [Source()], -1), key=4, prior=0.9) for _ in range(60)]
-    assert later[0].draft_length(0, INF, 100) == 0
-    assert later[-1].draft_length(0, INF, 100) > 0
+    assert later[0].decide(0, INF, 100).k == 0
+    assert later[-1].decide(0, INF, 100).k > 0
 
 
 def test_a_classed_drafter_that_drafted_reports_no_fallback() -> None:
     """Skipping one class of draft is not switching speculation off."""
     p = classed(plan(CPU, fallback_rounds=1000), key=5, prior=0.95)
-    assert p.draft_length(0, INF, 100) > 0
-    p.record(drafted=4, accepted=4, draft_seconds=0.0, verify_seconds=CPU[4], produced=5)
+    rnd = p.decide(0, INF, 100)
+    assert rnd.k > 0
+    p.record(rnd, drafted=4, accepted=4, draft_seconds=0.0, verify_seconds=CPU[4], produced=5)
     classed(p, key=1, prior=0.3)
-    assert p.draft_length(5, INF, 100) == 0
+    assert p.decide(5, INF, 100).k == 0
     assert p.fallback is None
 
 
 def test_nothing_to_propose_is_a_plain_step() -> None:
     p = plan(FLAT)
     p.sources[0].support = lambda: Support(ready=False)
-    assert p.draft_length(0, INF, 100) == 0
+    assert p.decide(0, INF, 100).k == 0
 
 
 def test_class_evidence_carries_over_to_the_next_request() -> None:
     first = classed(plan(CPU, fallback_rounds=1000), key=2, prior=0.9)
-    first.draft_length(0, INF, 100)
-    _record_rejections(first, 10, CPU)
-    assert set(first.cost.evidence) == {2}
+    _record_rejections(first, 10, CPU, first.decide(0, INF, 100))
+    assert set(first.cost.evidence) == {Key("draft", 2)}
     second = classed(Plan.start(first.config, first.cost, [Source()], -1), key=2, prior=0.9)
-    assert second.draft_length(0, INF, 100) == 0
-    assert classed(second, key=3, prior=0.9).draft_length(0, INF, 100) > 0
+    assert second.decide(0, INF, 100).k == 0
+    assert classed(second, key=3, prior=0.9).decide(0, INF, 100).k > 0
 
 
 def test_calibrate_draft_measures_step_and_catchup(tiny: Path) -> None:
@@ -488,17 +494,17 @@ def test_calibration_fits_a_small_context(tiny: Path) -> None:
 def test_record_counters() -> None:
     p = plan(FLAT)
     for _ in range(2):  # the first plain steps after a batch (the prompt's) are t_switch's to pay
-        p.record(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=5.0, produced=1)
+        p.record(PLAIN, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=5.0, produced=1)
     assert p.cost.t_step[1] == 1.0
-    p.record(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=2.0, produced=1)  # a plain step
-    assert p.rounds == 0 and p.draft_tokens == 0
+    p.record(PLAIN, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=2.0, produced=1)  # a plain step
+    assert p.tally.rounds == 0 and p.tally.draft_tokens == 0
     assert p.cost.t_step[1] == pytest.approx(1.0 + 0.2 * (2.0 - 1.0))
-    p.record(drafted=3, accepted=2, draft_seconds=0.0, verify_seconds=FLAT[3], produced=4)
-    p.record(drafted=5, accepted=5, draft_seconds=0.0, verify_seconds=FLAT[5], produced=10)
-    assert (p.rounds, p.draft_tokens, p.accepted_tokens) == (2, 8, 7)
-    assert p.accepted_per_pos == [2, 2, 1, 1, 1]
+    p.record(Round(k=3, rows=4), drafted=3, accepted=2, draft_seconds=0.0, verify_seconds=FLAT[3], produced=4)
+    p.record(Round(k=5, rows=6), drafted=5, accepted=5, draft_seconds=0.0, verify_seconds=FLAT[5], produced=10)
+    assert (p.tally.rounds, p.tally.draft_tokens, p.tally.accepted_tokens) == (2, 8, 7)
+    assert p.tally.accepted_per_pos == [2, 2, 1, 1, 1]
     # 7 accepted, 1 round with a rejection, prior 0.7 x weight 0.5
-    assert p.acceptance == pytest.approx((7 + 0.35) / (7 + 1 + 0.5))
+    assert p.acceptance(Round()) == pytest.approx((7 + 0.35) / (7 + 1 + 0.5))
 
 
 # -- the classes a draft grows into (Support.along) -------------------------------------------
@@ -508,14 +514,16 @@ def test_a_drafts_later_tokens_are_priced_at_the_classes_it_grows_into() -> None
     """A copy that holds becomes a longer match: with its first token at 0.8 and the rest at 0.99,
     a long draft pays where one priced at 0.8 throughout would stay short."""
     flat = classed(plan(CPU), key=1, prior=0.8)
-    assert flat.draft_length(0, INF, 100) == 2
-    longer = Support(key=6, prior=0.99)
+    assert flat.decide(0, INF, 100).k == 2
+    longer = Support(cls=6, prior=0.99)
     grows = plan(CPU)
-    grows.sources[0].support = lambda: Support(key=1, prior=0.8, along=lambda j: Support(key=1, prior=0.8)
+    grows.sources[0].support = lambda: Support(cls=1, prior=0.8, along=lambda j: Support(cls=1, prior=0.8)
                                                if j == 0 else longer)
-    assert grows.draft_length(0, INF, 100) == 8
-    grows.record(drafted=8, accepted=3, draft_seconds=0.0, verify_seconds=CPU[8], produced=0)
-    assert grows.cost.evidence == {1: [1.0, 0.0], 6: [2.0, 1.0]}  # each token to its own class
+    rnd = grows.decide(0, INF, 100)
+    assert rnd.k == 8
+    grows.record(rnd, drafted=8, accepted=3, draft_seconds=0.0, verify_seconds=CPU[8], produced=0)
+    # each token to its own class
+    assert grows.cost.evidence == {Key("draft", 1): [1.0, 0.0], Key("draft", 6): [2.0, 1.0]}
 
 
 # -- batch shapes (CostModel.t_same) -------------------------------------------------------------
@@ -537,17 +545,21 @@ def test_inside_a_stretch_a_draft_keeps_the_stretchs_shape() -> None:
     drafts all 8 tokens whatever its class (the decoder pads a shorter proposal), and a model, whose
     every token costs a step of its own, drafts a few and pads them to the shape."""
     p = classed(gpu_plan(), key=5, prior=0.97)
-    assert p.draft_length(0, INF, 100) == 8 and p.rows == 9
-    p.record(drafted=8, accepted=8, draft_seconds=0.0, verify_seconds=3.5, produced=9)
+    rnd = p.decide(0, INF, 100)
+    assert rnd.k == 8 and rnd.rows == 9
+    p.record(rnd, drafted=8, accepted=8, draft_seconds=0.0, verify_seconds=3.5, produced=9)
     classed(p, key=1, prior=0.6)
-    assert p.draft_length(9, INF, 100) == 8 and p.rows == 9
+    rnd = p.decide(9, INF, 100)
+    assert rnd.k == 8 and rnd.rows == 9
     model = gpu_plan()
     model.sources[0].has_cost = True
     model.cost.t_draft = 0.2
-    model.record(drafted=8, accepted=3, draft_seconds=1.6, verify_seconds=3.5, produced=4)
-    k = model.draft_length(4, INF, 100)
-    assert 1 < k < 8 and model.rows == 9  # padded: 9 rows replayed cost less than k + 1 rows rebuilt
-    assert model.draft_length(4, INF, 5) < k and model.rows < 9  # no room to pad in the window
+    model.record(Round(k=8, rows=9), drafted=8, accepted=3, draft_seconds=1.6, verify_seconds=3.5, produced=4)
+    rnd = model.decide(4, INF, 100)
+    k = rnd.k
+    assert 1 < k < 8 and rnd.rows == 9  # padded: 9 rows replayed cost less than k + 1 rows rebuilt
+    rnd = model.decide(4, INF, 5)
+    assert rnd.k < k and rnd.rows < 9  # no room to pad in the window
 
 
 def test_a_stretch_starts_at_the_shape_its_rounds_do_best_at() -> None:
@@ -555,17 +567,21 @@ def test_a_stretch_starts_at_the_shape_its_rounds_do_best_at() -> None:
     on k; the shape is chosen by what the stretch's later rounds cost at it."""
     p = classed(gpu_plan(), key=3, prior=0.9)
     for i in range(3):
-        p.record(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=1.33, produced=i)
-    k = p.draft_length(3, INF, 100)
-    assert p.rows == k + 1
+        p.record(PLAIN, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=1.33, produced=i)
+    rnd = p.decide(3, INF, 100)
+    k = rnd.k
+    assert rnd.rows == k + 1
     e = [expected_tokens(0.9, j) for j in range(9)]
     assert k == max(range(1, 9), key=lambda j: e[j] / GPU_SAME[j])
 
 
 def test_on_a_cpu_a_draft_is_never_padded() -> None:
     p = classed(plan(CPU), key=5, prior=0.97)
-    assert p.draft_length(0, INF, 100) > 2
-    p.record(drafted=p.rows - 1, accepted=p.rows - 1, draft_seconds=0.0, verify_seconds=CPU[p.rows - 1], produced=9)
+    rnd = p.decide(0, INF, 100)
+    assert rnd.k > 2
+    p.record(rnd, drafted=rnd.rows - 1, accepted=rnd.rows - 1, draft_seconds=0.0, verify_seconds=CPU[rnd.rows - 1],
+             produced=9)
     classed(p, key=1, prior=0.8)
-    k = p.draft_length(9, INF, 100)
-    assert k and p.rows == k + 1
+    rnd = p.decide(9, INF, 100)
+    k = rnd.k
+    assert k and rnd.rows == k + 1

@@ -270,7 +270,7 @@ def test_speculative_values_out_of_range_are_rejected(tmp_path: Path, setting: s
 
 def test_speculative_n_min_above_n_max_is_rejected(tmp_path: Path) -> None:
     """n_min > n_max leaves no allowed draft length, so speculation would silently never run
-    (Plan.draft_length returns 0 when min(n_max, ...) < n_min); like draft min_n/max_n, refuse it."""
+    (Plan.decide returns a plain round when min(n_max, ...) < n_min); like draft min_n/max_n, refuse it."""
     msg = error(tmp_path, HEAD + "    speculative: {n_min: 10, n_max: 4}\n")
     assert "pairs.a:b.speculative" in msg and "n_min" in msg
 

@@ -140,13 +140,7 @@ class Forbidden:
         pass
 
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
-        return Proposal(self.tokens[:max_tokens])
-
-    def lag(self, context: Sequence[int]) -> int:
-        return 0
-
-    def support(self, context: Sequence[int]) -> Support:
-        return Support()
+        return Proposal(self.tokens[:max_tokens], Support())
 
 
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0, seed=5)])

@@ -51,14 +51,9 @@ class Oracle:
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
         at = len(context) - self.n_prompt
         draft = self.tokens[at : at + max_tokens]
-        self.drafts.append((at, len(draft)))
-        return Proposal(draft)
-
-    def lag(self, context: Sequence[int]) -> int:
-        return 0
-
-    def support(self, context: Sequence[int]) -> Support:
-        return Support()
+        if max_tokens:  # not the planner's look, which drafts nothing
+            self.drafts.append((at, len(draft)))
+        return Proposal(draft, Support())
 
     def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
         raise AssertionError("no shift here")

@@ -20,7 +20,7 @@ from sidecar.engine.adaptive import CostModel, SpeculativeConfig
 from sidecar.engine.decoder import Decoder, Request, Result
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal, Support
 from sidecar.engine.grammar import Grammar
-from sidecar.engine.hybrid import KEY_STRIDE, HybridDrafter
+from sidecar.engine.hybrid import HybridDrafter
 from sidecar.engine.llama import Context, ContextParams, Weights
 from sidecar.engine.planner import Plan, Source
 from sidecar.engine.sampling import SamplingParams
@@ -69,18 +69,13 @@ class Counted:
         self.inner.begin(sampler)  # type: ignore[arg-type]
 
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
-        self.calls.append(len(context))
+        if max_tokens:  # not the planner's look, which drafts nothing
+            self.calls.append(len(context))
         proposal = self.inner.propose(context, max_tokens, grammar)
         if self.halve:
             proposal.tokens = proposal.tokens[: (max_tokens + 1) // 2]
             proposal.q = proposal.q[: len(proposal.tokens)] if proposal.q is not None else None
         return proposal
-
-    def lag(self, context: Sequence[int]) -> int:
-        return self.inner.lag(context)
-
-    def support(self, context: Sequence[int]) -> Support:
-        return self.inner.support(context)
 
     def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
         self.inner.shift(context, keep, discard)
@@ -113,50 +108,62 @@ def two_sources(ngram: Support, t_draft: float = 0.3) -> Plan:
     cost = fixed(t_draft=t_draft)
     return Plan.start(SpeculativeConfig(n_max=12), cost, [
         Source("ngram", support=lambda: ngram),
-        Source("model", has_cost=True, support=lambda: Support(key=KEY_STRIDE, prior=0.9)),
+        Source("model", has_cost=True, support=lambda: Support(cls=0, prior=0.9)),
     ], -1)
 
 
 def test_a_near_certain_free_match_skips_the_model() -> None:
-    p = two_sources(Support(key=6, prior=64 / 66))
-    assert p.draft_length(0, INF, 100) == 12 and p.source == 0
+    p = two_sources(Support(cls=6, prior=64 / 66))
+    rnd = p.decide(0, INF, 100)
+    assert rnd.k == 12 and rnd.source == 0
 
 
 def test_without_a_free_draft_the_model_drafts() -> None:
-    for ngram in (Support(ready=False), Support(key=1, prior=0.3)):
+    for ngram in (Support(ready=False), Support(cls=1, prior=0.3)):
         p = two_sources(ngram)
-        assert p.draft_length(0, INF, 100) > 0 and p.source == 1
+        rnd = p.decide(0, INF, 100)
+        assert rnd.k > 0 and rnd.source == 1
 
 
 def test_a_costly_model_loses_to_a_likely_free_draft_and_wins_over_an_unlikely_one() -> None:
-    likely = two_sources(Support(key=4, prior=0.9), t_draft=0.3)
-    assert likely.draft_length(0, INF, 100) > 0 and likely.source == 0
-    cheap = two_sources(Support(key=4, prior=0.6), t_draft=0.01)
-    assert cheap.draft_length(0, INF, 100) > 0 and cheap.source == 1
+    likely = two_sources(Support(cls=4, prior=0.9), t_draft=0.3)
+    rnd = likely.decide(0, INF, 100)
+    assert rnd.k > 0 and rnd.source == 0
+    cheap = two_sources(Support(cls=4, prior=0.6), t_draft=0.01)
+    rnd = cheap.decide(0, INF, 100)
+    assert rnd.k > 0 and rnd.source == 1
 
 
 def test_a_model_switched_off_leaves_the_free_source_drafting() -> None:
     p = two_sources(Support(ready=False))
     for i in range(8):  # the model's rounds are far slower than its price says
-        k = p.draft_length(5 * i, INF, 100)
-        assert k > 0 and p.source == 1
-        p.record(drafted=k, accepted=k, draft_seconds=20.0, verify_seconds=FLAT[k], produced=5 * i + 5)
+        rnd = p.decide(5 * i, INF, 100)
+        k = rnd.k
+        assert k > 0 and rnd.source == 1
+        p.record(rnd, drafted=k, accepted=k, draft_seconds=20.0, verify_seconds=FLAT[k], produced=5 * i + 5)
     assert p.fallback is not None and p.fallback.startswith("slower than target-only")
-    assert p.draft_length(41, INF, 100) == 0
-    p.sources[0].support = lambda: Support(key=5, prior=0.95)
-    assert p.draft_length(41, INF, 100) > 0 and p.source == 0
-    assert p.by_source["ngram"] == [0, 0] and p.by_source["model"][0] == p.by_source["model"][1] > 0
+    assert p.decide(41, INF, 100).k == 0
+    p.sources[0].support = lambda: Support(cls=5, prior=0.95)
+    rnd = p.decide(41, INF, 100)
+    assert rnd.k > 0 and rnd.source == 0
+    by_source = p.tally.by_source
+    assert by_source["ngram"] == [0, 0] and by_source["model"][0] == by_source["model"][1] > 0
 
 
-def test_source_keys_are_offset_by_position() -> None:
+def test_source_keys_are_the_source_and_its_class() -> None:
+    """Each source reports its own classes; the planner keys evidence by (source, class), so the
+    n-gram's class c and the suffix cache's class c never share evidence."""
     suffix = SuffixDrafter(SuffixCache(1000))
     suffix.cache.add([1, 2, 3, 4, 5, 6, 7, 8])
     hybrid = HybridDrafter([NgramDrafter(1, 2), suffix])
     context = [9, 1, 2, 3, 1, 2, 3]
-    ngram, cached = (s.support() for s in hybrid.plan_sources(context))
-    assert ngram == NgramDrafter(1, 2).support(context)  # the first source keeps its keys
-    assert cached.key == KEY_STRIDE + suffix.support(context).key
-    assert ngram.along is not None and ngram.along(0).key < KEY_STRIDE
+    sources = hybrid.plan_sources(context)
+    ngram, cached = (s.support() for s in sources)
+    assert ngram == NgramDrafter(1, 2).propose(context, 0).support  # each source keeps its classes
+    assert cached.cls == suffix.propose(context, 0).support.cls
+    plan = Plan.start(SpeculativeConfig(), fixed(), sources, -1)
+    assert plan._key(0, ngram) != plan._key(1, Support(cls=ngram.cls))
+    assert ngram.along is not None and ngram.along(0).cls == ngram.cls
 
 
 @pytest.mark.parametrize("sources", [[], ["ngram", "ngram"], ["model", "model2"]])
@@ -270,13 +277,7 @@ class Two:
         pass
 
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
-        return Proposal([context[-1]] * min(2, max_tokens))
-
-    def lag(self, context: Sequence[int]) -> int:
-        return 0
-
-    def support(self, context: Sequence[int]) -> Support:
-        return Support(key=1, prior=0.99)
+        return Proposal([context[-1]] * min(2, max_tokens), Support(cls=1, prior=0.99))
 
     def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
         pass
@@ -355,7 +356,7 @@ def test_copying_drafts_from_ngram_and_inventing_from_the_model(
             # Where the copy ran long (a match of 16 tokens or more), the model was never asked.
             context = prompt + plain.tokens
             probe = NgramDrafter(2, 4)
-            long = {n for n in range(len(prompt), len(context)) if probe.support(context[:n]).key >= 4}
+            long = {n for n in range(len(prompt), len(context)) if probe.propose(context[:n], 0).support.cls >= 4}
             assert long and not long & set(model.calls)
         else:
             assert model_drafted > ngram_drafted and model_rounds > 0
@@ -400,16 +401,17 @@ def test_a_model_that_must_catch_up_starts_only_for_what_free_sources_leave() ->
     s) when every token so far came from plain steps, but not when the n-gram source produced 90%
     of them: its catch-up is weighed against the plain steps it would replace."""
     for free_share, starts in ((0.0, True), (0.9, False)):
-        ngram = [Support(key=3, prior=0.99)]
+        ngram = [Support(cls=3, prior=0.99)]
         p = two_sources(ngram[0])
         p.sources[0].support = lambda ngram=ngram: ngram[0]
         p.sources[1].lag = lambda: 2000
-        while p._free_tokens < 100 * free_share:
-            assert p.draft_length(0, INF, 100) > 0 and p.source == 0
-            p.record(1, 1, 0.0, 1.0, 0)  # two tokens a round from the n-gram source
+        while p.tally.free_tokens < 100 * free_share:
+            rnd = p.decide(0, INF, 100)
+            assert rnd.k > 0 and rnd.source == 0
+            p.record(rnd, 1, 1, 0.0, 1.0, 0)  # two tokens a round from the n-gram source
         ngram[0] = Support(ready=False)  # no match now: only the model could draft
-        k = p.draft_length(100, 200, 100)
-        assert (k > 0 and p.source == 1) == starts, free_share
+        rnd = p.decide(100, 200, 100)
+        assert (rnd.k > 0 and rnd.source == 1) == starts, free_share
 
 
 def test_a_model_that_fell_behind_yields_to_a_free_source_that_can_draft() -> None:
@@ -417,7 +419,8 @@ def test_a_model_that_fell_behind_yields_to_a_free_source_that_can_draft() -> No
     must also prefill the 300 tokens the n-gram source drafted meanwhile (3 s): then the free
     source drafts on."""
     for lag, source in ((0, 1), (300, 0)):
-        p = two_sources(Support(key=3, prior=0.5))  # 1.79 tokens a second against the model's 1.80
+        p = two_sources(Support(cls=3, prior=0.5))  # 1.79 tokens a second against the model's 1.80
         p.sources[1].lag = lambda lag=lag: lag
-        assert p.draft_length(0, INF, 100) > 0
-        assert p.source == source, lag
+        rnd = p.decide(0, INF, 100)
+        assert rnd.k > 0
+        assert rnd.source == source, lag

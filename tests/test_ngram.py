@@ -81,23 +81,23 @@ def test_support_measures_the_whole_match_beyond_max_n() -> None:
     """The 4-gram finds the occurrence; the match behind it is 7 tokens long: class 2 (4..7)."""
     d = NgramDrafter(2, 4)
     context = [9, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 2, 3, 4, 5, 6, 7]
-    s = d.support(context)
-    assert (s.ready, s.key, s.prior) == (True, 2, pytest.approx(4 / 6))
+    s = d.propose(context, 0).support
+    assert (s.ready, s.cls, s.prior) == (True, 2, pytest.approx(4 / 6))
     assert d.propose(context, 3).tokens == [8, 0, 1]
 
 
 def test_support_classes_grow_with_the_match_up_to_its_cap() -> None:
     d = NgramDrafter(2, 4)
-    assert d.support([1, 2, 7, 1, 2]).key == 1  # 2..3 tokens
+    assert d.propose([1, 2, 7, 1, 2], 0).support.cls == 1  # 2..3 tokens
     long = list(range(100, 300))  # a 200-token repeat: class 7 (128..255) if it were not capped
     d.begin(None)
-    s = d.support([*long, 0, *long])
-    assert s.key == 6  # capped at 64 tokens
+    s = d.propose([*long, 0, *long], 0).support
+    assert s.cls == 6  # capped at 64 tokens
     assert s.prior == pytest.approx(64 / 66)
 
 
 def test_support_without_a_match_is_not_ready() -> None:
-    assert NgramDrafter().support([1, 2, 3, 4]).ready is False
+    assert NgramDrafter().propose([1, 2, 3, 4], 0).support.ready is False
 
 
 @pytest.mark.parametrize(("min_n", "max_n"), [(0, 3), (3, 2), (-1, 1)])

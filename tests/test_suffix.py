@@ -67,15 +67,15 @@ def test_learns_and_proposes_a_repeated_answer() -> None:
     drafter = SuffixDrafter(cache)
     prompt = [1, 2, 3, 4, 5, *TEMPLATE]
     drafter.begin(None)
-    assert drafter.support(prompt).ready is False
+    assert drafter.propose(prompt, 0).support.ready is False
     drafter.finish(prompt, ANSWER, "stop")
     drafter.begin(None)
     assert drafter.propose(prompt, 8).tokens == ANSWER[:8]
-    s = drafter.support(prompt)
-    assert s.ready and s.key == SuffixDrafter.classify(len(prompt), 1, 1).key
+    s = drafter.propose(prompt, 0).support
+    assert s.ready and s.cls == SuffixDrafter.classify(len(prompt), 1, 1).cls
     assert drafter.propose([*prompt, *ANSWER[:5]], 16).tokens == ANSWER[5:]  # the rest, up to its end
     p = drafter.propose(prompt, 4)
-    assert p.q is None and p.seconds >= 0 and drafter.lag(prompt) == 0
+    assert p.q is None and p.seconds >= 0 and p.lag == 0
     assert SuffixDrafter.has_cost is False and SuffixDrafter.name == "suffix"
 
 
@@ -292,28 +292,26 @@ def test_threads_adding_and_looking_up() -> None:
 # -- the drafter ------------------------------------------------------------------------------------
 
 
-def test_support_classes_are_clear_of_ngram_keys_and_ordered() -> None:
-    ngram = {NgramDrafter().support([1, 2, *range(10, 10 + n), 3, 1, 2, *range(10, 10 + n)]).key
-             for n in range(0, 80, 3)}
-    assert ngram <= set(range(7))
+def test_support_classes_are_the_match_and_the_vote_and_ordered() -> None:
+    """Classes are the suffix source's own (the planner keys them by source): 10 c + f."""
     seen: dict[int, tuple[int, int]] = {}
     for match in range(2, 100):
         for occurrences, agreeing in ((1, 1), (2, 2), (3, 2), (5, 5), (10, 3), (40, 39)):
             s = SuffixDrafter.classify(match, occurrences, agreeing)
-            assert s.key not in range(7) and s.prior is not None and 0 < s.prior < 1
-            c, f = divmod(s.key - SuffixDrafter.KEY_BASE, 10)
+            assert s.prior is not None and 0 < s.prior < 1
+            c, f = divmod(s.cls, 10)
             assert c == min(match, 64).bit_length() - 1 and f in (0, 1, 2)
-            assert seen.setdefault(s.key, (c, f)) == (c, f)
-    assert set(seen) == {SuffixDrafter.KEY_BASE + 10 * c + f for c in range(1, 7) for f in range(3)}
+            assert seen.setdefault(s.cls, (c, f)) == (c, f)
+    assert set(seen) == {10 * c + f for c in range(1, 7) for f in range(3)}
     for c in range(1, 7):  # more agreement, more acceptance expected; and a longer match, too
         row = [SuffixDrafter.classify(1 << c, o, a) for o, a in ((10, 3), (1, 1), (5, 5))]
-        assert [s.key % 10 for s in row] == [0, 1, 2]
+        assert [s.cls % 10 for s in row] == [0, 1, 2]
         assert [s.prior for s in row] == sorted(s.prior for s in row if s.prior is not None)
         if c > 1:
             assert row[1].prior > SuffixDrafter.classify(1 << (c - 1), 1, 1).prior  # type: ignore[operator]
     # A lone earlier output, matched verbatim: the n-gram drafter's prior for the same match.
-    assert SuffixDrafter.classify(16, 1, 1).prior == pytest.approx(NgramDrafter().support(
-        [*range(16), 99, *range(16)]).prior)
+    assert SuffixDrafter.classify(16, 1, 1).prior == pytest.approx(NgramDrafter().propose(
+        [*range(16), 99, *range(16)], 0).support.prior)
 
 
 def test_finish_teaches_the_prompt_end_and_skips_cancelled_requests() -> None:
@@ -336,7 +334,7 @@ def test_support_and_propose_share_a_lookup_until_the_context_grows() -> None:
     drafter = SuffixDrafter(cache)
     cache.add([*TEMPLATE, *ANSWER])
     ctx = [0, *TEMPLATE]
-    assert drafter.support(ctx).ready
+    assert drafter.propose(ctx, 0).support.ready
     cache.add([*TEMPLATE, 99, 98, 97])  # another request finishes between support() and propose()
     assert drafter.propose(ctx, 4).tokens == ANSWER[:3]  # capped by the 3-token match
     ctx.append(ANSWER[0])
@@ -391,7 +389,7 @@ def test_a_draft_is_priced_to_hold_through_a_shared_skeleton_not_into_a_value() 
     key, rest = [50, 51, 52, 53], [60, 61]
     drafter.finish([], [*key, 70, *rest], "stop")
     drafter.finish([], [*key, 80, *rest], "stop")
-    support = drafter.support([9, 50, 51])
+    support = drafter.propose([9, 50, 51], 0).support
     assert support.along is not None
     first, at_value = support.along(0), support.along(2)
     assert first.prior is not None and at_value.prior is not None

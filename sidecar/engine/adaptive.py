@@ -86,7 +86,7 @@ class CostModel:
         # The pair's acceptance across requests (decayed) per support key (drafters.Support), so a
         # new request starts from what this draft has shown rather than from the prior, and a
         # known-bad draft is rarely probed.
-        self.evidence: dict[int, list[float]] = {}  # key -> [accepted, rejected]
+        self.evidence: dict[tuple[str, int], list[float]] = {}  # planner.Key -> [accepted, rejected]
         self._smooth = 0.2
         self.provisional = False  # the load-time measurement looked disturbed (see calibrate)
         self.calibration_seconds = 0.0
@@ -98,7 +98,19 @@ class CostModel:
             ev[0] *= factor
             ev[1] *= factor
 
-    def observe_acceptance(self, key: int, drafted: int, accepted: int) -> None:
+    def added(self, n: int, base: int = 0) -> float:
+        """Seconds that n rows add to a decode already holding `base` rows: t_step(base + n) -
+        t_step(base), so a sequence is priced by what it adds to a shared step (t_step(0) = 0). A
+        step wider than the measured curve is extrapolated along its last slope."""
+        t = self.t_step
+        last = len(t) - 1
+
+        def at(m: int) -> float:
+            return t[m] if m <= last else t[last] + (m - last) * (t[last] - t[last - 1])
+
+        return at(base + n) - at(base) if base else at(n)
+
+    def observe_acceptance(self, key: tuple[str, int], drafted: int, accepted: int) -> None:
         ev = self.evidence.setdefault(key, [0.0, 0.0])
         ev[0] = ev[0] * 0.98 + accepted
         ev[1] = ev[1] * 0.98 + (1.0 if accepted < drafted else 0.0)
@@ -110,7 +122,7 @@ class CostModel:
         (1, n, then halves), so a `budget` (seconds) that runs out mid-way still leaves the curve's
         shape: sizes not timed are interpolated from their neighbours. A curve with fewer than five
         sizes timed, or whose repetitions disagree, is `provisional`: the online estimates replace
-        it quickly, and it is not worth keeping (runtime.curves does not cache it).
+        it quickly, and it is not worth keeping (runtime.llamacpp.curves does not cache it).
 
         A decode cannot be cut short, and on a machine whose cores other processes keep busy one
         batch can take seconds (llama.cpp's threads wait for each other at every op). So a few
@@ -367,3 +379,10 @@ def expected_tokens(a: float, k: int) -> float:
     if a >= 1.0:
         return k + 1.0
     return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def round_seconds(k: int, t_draft: float, t_rows: float, switch: float = 0.0) -> float:
+    """What a round drafting k tokens costs: k draft steps (0 for a free source), the rows it
+    decodes on the target, and what a batch costs the warm plain steps (t_switch). The one price
+    of a round: the planner ranks drafts by it and the pairing probe predicts speed-ups with it."""
+    return t_draft * k + t_rows + switch

@@ -1,19 +1,26 @@
-"""Drafters: cheap guesses of the next tokens, behind one `propose` shape.
+"""Drafters: cheap guesses of the next tokens, behind one narrow `propose` shape.
 
-`propose(context, max_tokens)` gets every committed token (prompt, output, and the pending token the
-target has not scored yet) and returns up to `max_tokens` guesses. A drafter that draws from a
-distribution returns it as q so the verifier can run exact rejection sampling; a deterministic one
-(n-gram lookup) returns q = None and is verified by sample-and-match.
+A drafter has a name, says whether drafting costs a model pass (`has_cost`), and has three calls:
 
-Under a grammar (`format`) `propose` also gets the committed grammar state: a model drafter draws
-from the same masked distribution the target uses (walking a clone of the state along its own
-guesses), so it never proposes a token the target must reject for grammar reasons. The n-gram
-drafter ignores it; the verifier's masked p rejects whatever the grammar forbids.
+* `begin(sampler)` starts a request (its sampling settings, a fresh history);
+* `propose(context, max_tokens, grammar)` gets every committed token (prompt, output, and the
+  pending token the target has not scored yet) and returns up to `max_tokens` guesses together with
+  their `Support`, the class the planner prices them by. `max_tokens = 0` drafts nothing and costs
+  nothing: it is how the planner learns a source's class (and a model's catch-up `lag`) before it
+  decides whether drafting pays;
+* `shift(context, keep, discard)`: within a request the context only grows, except at a context
+  shift (engine.window), when the committed context is about to lose a stretch.
 
-Within a request the context only grows, except at a context shift (engine.window): then `shift`
-tells the drafter which stretch the committed context is about to lose, before it loses it. A drafter
-that learns across requests (suffix.SuffixDrafter) is also a `Learner`: at the end of a generation
-it is handed the request's prompt and output.
+A drafter that draws from a distribution returns it as q so the verifier can run exact rejection
+sampling; a deterministic one (n-gram lookup) returns q = None and is verified by sample-and-match.
+Under a grammar (`format`) a model drafter draws from the same masked distribution the target uses
+(walking a clone of the state along its own guesses); the n-gram drafter ignores it, and the
+verifier's masked p rejects whatever the grammar forbids. A drafter that learns across requests
+(suffix.SuffixDrafter) is also a `Learner`: at the end of a generation it is handed the request's
+prompt and output.
+
+Support classes are small integers that mean something only within their source: the planner keys
+its evidence by (source name, class), planner.Key, so two sources' classes never mix.
 """
 
 from __future__ import annotations
@@ -30,33 +37,41 @@ from sidecar.engine.llama import Context, ContextFull
 from sidecar.engine.sampling import Sampler
 
 
-@dataclass
-class Proposal:
-    tokens: list[int] = field(default_factory=list)
-    q: list[np.ndarray] | None = None
-    seconds: float = 0.0  # what drafting cost in all (catching the draft's cache up included)
-    step_seconds: float | None = None  # the drafting steps alone; the cost model's per-token basis
-    caught_up: int = 0  # tokens prefilled to catch the drafter's cache up before drafting
-
-
 @dataclass(frozen=True)
 class Support:
-    """What a drafter knows, before drafting, about how its next draft will fare.
+    """What a drafter knows of its draft, before the target verifies it: how it will fare.
 
     Acceptance is not one number per request: an n-gram draft that continues a 20-token verbatim
     match (copying a line of the prompt) is almost always right, one that continues a 2-token match
-    rarely is. Drafts with the same `key` are expected to fare alike, so the planner keeps acceptance
-    evidence per key; `prior` is the acceptance to assume for a key with no evidence yet.
+    rarely is. A source's drafts of the same class `cls` are expected to fare alike, so the planner
+    keeps acceptance evidence per (source, class); `prior` is the acceptance to assume for a class
+    with no evidence yet.
 
     A draft's later tokens need not be of its first token's class: where classes measure a verbatim
     match, each drafted token that holds makes the match one longer, so a copy that has held for a
     while is priced as the long match it has become. `along(j)` is the class of the draft's token j
     (j = 0: this one); None: every token is of this class."""
 
-    key: int = 0
+    cls: int = 0  # the class within its source (the planner keys evidence by source and class)
     prior: float | None = None  # None: the pair's acceptance_prior
     ready: bool = True  # False: the drafter has nothing to propose here
     along: Callable[[int], Support] | None = field(default=None, compare=False)
+
+
+NOTHING = Support(ready=False)
+
+
+@dataclass
+class Proposal:
+    """A draft and what the planner needs to know of it: its class, and what making it cost."""
+
+    tokens: list[int] = field(default_factory=list)
+    support: Support = NOTHING
+    q: list[np.ndarray] | None = None
+    seconds: float = 0.0  # what drafting cost in all (catching the draft's cache up included)
+    step_seconds: float | None = None  # the drafting steps alone; the cost model's per-token basis
+    caught_up: int = 0  # tokens prefilled to catch the drafter's cache up before drafting
+    lag: int = 0  # tokens a costly drafter must prefill before it can draft (see max_tokens = 0)
 
 
 class Drafter(Protocol):
@@ -66,15 +81,10 @@ class Drafter(Protocol):
     def begin(self, sampler: Sampler) -> None:
         """Start a new request (its sampling settings, a fresh history)."""
 
-    def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal: ...
+    def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
+        """Up to max_tokens guesses and their class; with max_tokens 0 only the class and the lag.
 
-    def lag(self, context: Sequence[int]) -> int:
-        """Tokens of `context` the drafter would have to process before it can propose."""
-
-    def support(self, context: Sequence[int]) -> Support:
-        """The evidence class of the draft `propose(context, ...)` would make (cheap; no drafting).
-
-        Like `propose`, it assumes the context only grows between `begin()` calls and shifts."""
+        Like every call it assumes the context only grows between `begin()` calls and shifts."""
 
     def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
         """`context` (the committed tokens) is about to lose positions [keep, keep + discard)."""
@@ -88,15 +98,21 @@ class Learner(Protocol):
         """A generation ended (decoder.Result's tokens and done_reason), speculative or not."""
 
 
-def match_support(match: int, cap: int) -> Support:
-    """The class of a draft continuing a verbatim match of `match` tokens (counted up to `cap`).
+def match_class(match: int, cap: int) -> tuple[int, float]:
+    """The class of a verbatim match of `match` tokens (counted up to `cap`), and its prior.
 
     Class c holds matches of m = 2^c to 2m - 1 tokens. With no evidence yet, assume a match of the
-    class goes on with probability m / (m + 2): a short one is a coin toss at best. The draft's token
-    j continues a match j tokens longer."""
+    class goes on with probability m / (m + 2): a short one is a coin toss at best. Both n-gram
+    lookup and the suffix cache class their drafts by it."""
     c = min(match, cap).bit_length() - 1
     m = 1 << c
-    return Support(key=c, prior=m / (m + 2), along=lambda j: match_support(match + j, cap))
+    return c, m / (m + 2)
+
+
+def match_support(match: int, cap: int) -> Support:
+    """The support of a draft continuing a verbatim match: its token j continues one j tokens longer."""
+    c, prior = match_class(match, cap)
+    return Support(cls=c, prior=prior, along=lambda j: match_support(match + j, cap))
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -121,7 +137,7 @@ class NgramDrafter:
 
     How far the match really reaches back (up to `MATCH_CAP` tokens, beyond the n-gram that found it)
     is the drafter's evidence: a long verbatim stretch means the answer is copying, and a copy tends
-    to go on. `support` classes drafts by that length in powers of two (`match_support`)."""
+    to go on. Its drafts are classed by that length in powers of two (`match_support`)."""
 
     name = "ngram"
     has_cost = False
@@ -145,7 +161,7 @@ class NgramDrafter:
         """(match length, where its continuation starts); length 0 when nothing matches."""
         n_ctx = len(context)
         # Within a request (begin() starts one) the context only grows, so its length and last token
-        # identify it; support() and propose() for the same round share one lookup.
+        # identify it; the planner's look (max_tokens 0) and the draft of one round share a lookup.
         if self._found[:2] == (n_ctx, context[-1] if n_ctx else -1):
             return self._found[2], self._found[3]
         if self._indexed > n_ctx:
@@ -167,18 +183,13 @@ class NgramDrafter:
         self._found = (n_ctx, context[-1] if n_ctx else -1, match, start)
         return match, start
 
-    def support(self, context: Sequence[int]) -> Support:
-        match, _ = self._lookup(context)
-        return match_support(match, self.MATCH_CAP) if match else Support(ready=False)
-
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
         t0 = time.perf_counter()
         match, start = self._lookup(context)
-        tokens = list(context[start : start + max_tokens]) if match else []
-        return Proposal(tokens, None, time.perf_counter() - t0)
-
-    def lag(self, context: Sequence[int]) -> int:
-        return 0  # indexing new tokens is a dictionary insert each
+        if not match:
+            return Proposal(seconds=time.perf_counter() - t0)
+        tokens = list(context[start : start + max_tokens])
+        return Proposal(tokens, match_support(match, self.MATCH_CAP), seconds=time.perf_counter() - t0)
 
     def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
         # Every n-gram's position after the cut moves and those across it vanish: index the shifted
@@ -205,6 +216,8 @@ class ModelDrafter:
         self._sampler = sampler
 
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
+        if max_tokens <= 0:  # the planner's look: one class (how well a model drafts shows in its acceptance)
+            return Proposal(support=Support(), lag=len(context) - 1 - self._reusable(context))
         assert self._sampler is not None, "begin() first"
         t0 = time.perf_counter()
         ctx, sampler = self.ctx, self._sampler
@@ -246,13 +259,7 @@ class ModelDrafter:
             if walker is not None:
                 walker.close()
         now = time.perf_counter()
-        return Proposal(tokens, qs, now - t0, now - t_steps, caught_up)
-
-    def lag(self, context: Sequence[int]) -> int:
-        return len(context) - 1 - self._reusable(context)
-
-    def support(self, context: Sequence[int]) -> Support:
-        return Support()  # one class: how well a model drafts shows in its acceptance alone
+        return Proposal(tokens, Support(), qs, now - t0, now - t_steps, caught_up)
 
     def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
         """Shift the draft's cache as the target's, when it holds the whole stretch that moves.

@@ -9,37 +9,24 @@ proposes from the one it picks. Where a long match is near-certain the free sour
 is the larger, and the model's draft pass is skipped, the outcome of llama.cpp's rule (PR #22397:
 the draftless source first) reached by pricing.
 
-Support keys are unique by construction: source i's keys are offset by i * KEY_STRIDE, so the
-evidence kept per key (CostModel.evidence) never mixes two sources' classes. The decoder holds a
-lone drafter as a one-source hybrid, whose keys are the drafter's own.
+Each source's classes are its own: the planner keys evidence by (source name, class) (planner.Key),
+and the names of a hybrid's sources differ, so two sources' classes never mix. The decoder holds a
+lone drafter as a one-source hybrid.
 
 A model source's KV cache needs nothing here: ModelDrafter reuses the prefix it shares with the
 context and prefills what it missed, however many rounds it sat out; the planner prices that
-catch-up (the source's `lag`) as for a model drafting alone.
+catch-up (the `lag` its look reports) as for a model drafting alone. The planner looks at every
+source each round with `propose(context, 0)`, which drafts nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
-from functools import partial
 
-from sidecar.engine.drafters import Drafter, Learner, Proposal, Support
+from sidecar.engine.drafters import Drafter, Learner, Proposal
 from sidecar.engine.grammar import Grammar
 from sidecar.engine.planner import Source
 from sidecar.engine.sampling import Sampler
-
-KEY_STRIDE = 1000
-"""Keys per source; a drafter's own keys must lie in [0, KEY_STRIDE) (n-gram 0..6, suffix 110..162, model 0)."""
-
-
-def _offset(support: Support, offset: int, name: str) -> Support:
-    """`support` with its key, and those of its draft's later tokens, moved into its source's range."""
-    if not 0 <= support.key < KEY_STRIDE:
-        raise ValueError(f"the {name} drafter's support key {support.key} is not below {KEY_STRIDE}")
-    along = support.along
-    return replace(support, key=offset + support.key,
-                   along=None if along is None else lambda j: _offset(along(j), offset, name))
 
 
 class HybridDrafter:
@@ -60,12 +47,8 @@ class HybridDrafter:
 
     def plan_sources(self, context: Sequence[int]) -> list[Source]:
         """The sources as the planner sees them, reading `context` (the committed tokens) as it grows."""
-        return [Source(s.name, s.has_cost, partial(self._support, i, context), partial(s.lag, context))
-                for i, s in enumerate(self.sources)]
-
-    def _support(self, i: int, context: Sequence[int]) -> Support:
-        support = self.sources[i].support(context)
-        return _offset(support, i * KEY_STRIDE, self.sources[i].name) if i else support
+        return [Source(s.name, s.has_cost, lambda s=s: s.propose(context, 0).support,
+                       lambda s=s: s.propose(context, 0).lag) for s in self.sources]
 
     def begin(self, sampler: Sampler) -> None:
         for s in self.sources:

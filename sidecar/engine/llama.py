@@ -5,7 +5,7 @@ speculative verifier cannot see p, and its `detokenize` drops pieces longer than
 `Weights` is one loaded GGUF (shared, memory-mapped) and a `Context` is one KV cache over it with a
 reusable `llama_batch` whose per-row logits flags we set ourselves.
 
-Nothing here is thread-safe: one worker thread owns each Context (see runtime.worker).
+Nothing here is thread-safe: one worker thread owns each Context (see runtime.llamacpp.worker).
 """
 
 from __future__ import annotations

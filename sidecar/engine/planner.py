@@ -1,5 +1,9 @@
 """Per request and per round: whether to draft, from which source, how many tokens, at what shape.
 
+`Plan.decide` answers with a value, a `Round` (source, k, rows); `Plan.record` takes the round back
+with what came of it. What a request reports (drafted and accepted tokens, per source) is its
+`Tally`; when to probe a model draft that does not pay is its `Probing`.
+
 Each round drafts the k with the most expected tokens per second (engine.adaptive) from the source
 that offers the most: a pair may draft from several (hybrid.HybridDrafter), each priced by its own
 support classes and cost, so a near-certain free match skips the model's draft pass. If no draft
@@ -21,17 +25,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig, expected_tokens
+from sidecar.engine.adaptive import CostModel, SpeculativeConfig, expected_tokens, round_seconds
 from sidecar.engine.drafters import Support
+
+
+class Key(NamedTuple):
+    """What acceptance evidence is kept under: a source's name and its class (drafters.Support.cls)."""
+
+    source: str
+    cls: int
 
 
 @dataclass
 class Source:
     """A drafter as the planner sees it (one per source of a hybrid.HybridDrafter).
 
-    `support` gives the class of its next draft, keys unique across a plan's sources; `lag` the
-    tokens a costly source must prefill before drafting."""
+    `support` gives the class of its next draft, `lag` the tokens a costly source must prefill
+    before drafting (both from `propose(context, 0)`, which drafts nothing)."""
 
     name: str = "draft"
     has_cost: bool = False
@@ -39,43 +51,81 @@ class Source:
     lag: Callable[[], int] = lambda: 0
 
 
+@dataclass(frozen=True)
+class Round:
+    """One round's decision: draft `k` tokens from source `source` and decode `rows` rows (the
+    pending token and the draft, padded to keep a stretch's shape). k = 0 is a plain step. `support`
+    is the class the draft was priced by, its evidence key; `probe` marks a probe of a costly
+    source that does not pay."""
+
+    source: int = 0
+    k: int = 0
+    rows: int = 1
+    support: Support = field(default_factory=Support)
+    probe: bool = False
+
+
+PLAIN = Round()
+
+
+@dataclass
+class Tally:
+    """What a request's speculation did: the counters Result reports."""
+
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    rounds: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    by_source: dict[str, list[int]] = field(default_factory=dict)  # name -> [drafted, accepted]
+    free_tokens: int = 0  # tokens the free sources' rounds produced (drafts held, plus one)
+
+    def add(self, name: str, drafted: int, accepted: int) -> None:
+        self.rounds += 1
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        counts = self.by_source[name]
+        counts[0] += drafted
+        counts[1] += accepted
+        if len(self.accepted_per_pos) < drafted:
+            self.accepted_per_pos.extend([0] * (drafted - len(self.accepted_per_pos)))
+        for i in range(accepted):
+            self.accepted_per_pos[i] += 1
+
+
+@dataclass
+class Probing:
+    """When a costly source that does not pay drafts again: after `backoff` plain steps (doubling
+    with every probe), and not before `off_until` tokens once its realised rate fell behind."""
+
+    backoff: int = 0
+    idle: int = 0  # plain steps since the last evidence
+    off_until: int = 0
+    # The realised throughput of its rounds since it was last judged (see Plan._judge).
+    tokens: float = 0.0
+    seconds: float = 0.0
+    rounds: int = 0
+
+
 @dataclass
 class Plan:
-    """Per-request speculation state: acceptance evidence, fallback, and the counters it reports.
-
-    `draft_length` decides each round; `source` (which source drafts) and `rows` (the batch to
-    decode: the pending token and the draft, padded to keep a stretch's shape) say how."""
+    """Per-request speculation state: acceptance evidence, fallback, and the counters it reports."""
 
     config: SpeculativeConfig
     cost: CostModel
     sources: list[Source] = field(default_factory=list)
     enabled: bool = True
     fallback: str | None = None
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    rounds: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
-    by_source: dict[str, list[int]] = field(default_factory=dict)  # name -> [drafted, accepted]
-    source: int = 0
-    rows: int = 1
-    _evidence: dict[int, list[float]] = field(default_factory=dict)  # support key -> [accepted, rejected]
-    _support: Support = field(default_factory=Support)  # the class of the draft being decided
-    _last: tuple[int, int] | None = None  # (source, key) the last round drafted: staying on needs no margin
-    _spec_tokens: float = 0.0
-    _spec_seconds: float = 0.0
-    _spec_rounds: int = 0
-    _off_until: int = 0  # a costly source drafts again from this many tokens produced on
-    _backoff: int = 0
-    _idle: int = 0
-    _probing: bool = False
-    _free_tokens: int = 0  # tokens this request's free-source rounds produced (drafts held, plus one)
+    tally: Tally = field(default_factory=Tally)
+    probing: Probing = field(default_factory=Probing)
+    _evidence: dict[Key, list[float]] = field(default_factory=dict)  # key -> [accepted, rejected]
+    _last: Key | None = None  # what the last round drafted: staying on needs no margin
     _since_batch: int = 0  # plain steps since the last batch (the prompt's prefill is one)
     _prev_rows: int = 0  # rows of the last decode; 0: the prompt's prefill
 
     @classmethod
     def start(cls, config: SpeculativeConfig, cost: CostModel, sources: Sequence[Source], num_predict: int) -> Plan:
-        plan = cls(config, cost, list(sources), by_source={s.name: [0, 0] for s in sources})
-        plan._backoff = config.probe_interval
+        plan = cls(config, cost, list(sources), tally=Tally(by_source={s.name: [0, 0] for s in sources}))
+        plan.probing.backoff = config.probe_interval
         cost.age()
         # A list: the pair's other slots may add a class while this one reads.
         for key, (succ, fail) in list(cost.evidence.items()):
@@ -86,14 +136,18 @@ class Plan:
         costly = plan._costly
         if costly is not None:
             support = plan.sources[costly].support()
-            if sum(cost.evidence.get(support.key, ())) >= 8 and not plan._best(costly, support, config.n_max, 0)[0]:
-                plan._backoff = config.probe_interval * 4
+            key = plan._key(costly, support)
+            if sum(cost.evidence.get(key, ())) >= 8 and not plan._best(costly, support, config.n_max, 0)[0]:
+                plan.probing.backoff = config.probe_interval * 4
         if not sources:
             plan.enabled = False
         elif 0 <= num_predict < config.min_predict:
             plan.enabled = False
             plan.fallback = f"short output: num_predict {num_predict} < {config.min_predict}"
         return plan
+
+    def _key(self, i: int, support: Support) -> Key:
+        return Key(self.sources[i].name, support.cls)
 
     @property
     def _costly(self) -> int | None:
@@ -105,35 +159,38 @@ class Plan:
         """Whether plain steps run at full speed again: two since the last batch (see t_switch)."""
         return self._since_batch >= 2
 
-    @property
-    def acceptance(self) -> float:
-        """Per-position acceptance expected of the draft being decided (its support class)."""
-        return self._acceptance(self._support)
+    def acceptance(self, rnd: Round) -> float:
+        """Per-position acceptance expected of a round's draft (its support class)."""
+        return self._acceptance(rnd.source, rnd.support)
 
-    def _acceptance(self, s: Support) -> float:
+    def _acceptance(self, i: int, s: Support) -> float:
         c = self.config
-        succ, fail = self._evidence.get(s.key, (0.0, 0.0))
+        succ, fail = self._evidence.get(self._key(i, s), (0.0, 0.0))
         prior = c.acceptance_prior if s.prior is None else s.prior
         return (succ + prior * c.prior_weight) / (succ + fail + c.prior_weight)
 
-    def _expected(self, support: Support, k_max: int) -> list[float]:
+    def _expected(self, i: int, support: Support, k_max: int) -> list[float]:
         """Expected tokens of a round drafting k = 0..k_max tokens of this support class (Leviathan
         et al.), each drafted token at the acceptance of its own class (Support.along)."""
         if support.along is None:
-            a = self._acceptance(support)
+            a = self._acceptance(i, support)
             return [expected_tokens(a, k) for k in range(k_max + 1)]
         out, holds = [1.0], 1.0
         for j in range(k_max):
-            holds *= self._acceptance(support.along(j))
+            holds *= self._acceptance(i, support.along(j))
             out.append(out[-1] + holds)
         return out
 
-    def _rows_cost(self, n: int) -> float:
-        """Seconds to decode n rows now: less when the last decode had that shape (CostModel.t_same)."""
+    def _rows_cost(self, n: int, base: int) -> float:
+        """Seconds n rows add to a step that holds `base` rows of other sequences: less when the
+        last decode had that shape (CostModel.t_same)."""
         same = self.cost.t_same
-        return same[n] if same and n == self._prev_rows else self.cost.t_step[n]
+        if same and base == 0 and n == self._prev_rows:
+            return same[n]
+        return self.cost.added(n, base)
 
-    def _best(self, i: int, support: Support, k_cap: int, pad_cap: int) -> tuple[int, int, float, float]:
+    def _best(self, i: int, support: Support, k_cap: int, pad_cap: int, base: int = 0
+              ) -> tuple[int, int, float, float]:
         """Source i's best draft length and batch rows, the round's expected tokens per second and
         the rate it is ranked by; k = 0 when no draft beats plain decoding.
 
@@ -151,24 +208,24 @@ class Plan:
         if t[1] <= 0:
             return 0, 1, 0.0, 0.0
         src = self.sources[i]
-        plain = 1.0 / t[1]
-        need = (1.0 if self._last == (i, support.key) else self.config.min_gain) * plain
+        plain = 1.0 / cost.added(1, base)
+        need = (1.0 if self._last == self._key(i, support) else self.config.min_gain) * plain
         t_d = cost.t_draft if src.has_cost else 0.0
         switch = cost.t_switch if self._warm else 0.0  # a batch now costs the warm plain steps
         stretch = self._prev_rows if same and self._since_batch == 0 and self._prev_rows > 1 else 0
         best = (0, 1, 0.0, 0.0)
         k_max = min(k_cap, len(t) - 2)
-        expected = self._expected(support, max(0, k_max))
+        expected = self._expected(i, support, max(0, k_max))
         for k in range(max(1, self.config.n_min), k_max + 1):
             if t[k + 1] <= 0:
                 continue
             e = expected[k]
             for n in (k + 1, stretch) if stretch > k + 1 and stretch - 1 <= pad_cap else (k + 1,):
-                rate = e / (t_d * k + self._rows_cost(n) + switch)
+                rate = e / round_seconds(k, t_d, self._rows_cost(n, base), switch)
                 if rate <= need:
                     continue
                 # Inside a stretch the round's own price ranks; a stretch's first round sets its shape.
-                rank = rate if stretch or not same else e / (t_d * k + same[n])
+                rank = rate if stretch or not same else e / round_seconds(k, t_d, same[n])
                 if rank > best[3]:
                     best = (k, n, rate, rank)
         return best
@@ -183,86 +240,90 @@ class Plan:
         t = self.cost.t_step
         lag = self.sources[self._costly].lag() if self._costly is not None else 0
         probe = t[k + 1] - t[1] + self.cost.t_switch + lag * self.cost.t_catchup + k * self.cost.t_draft
-        return probe <= self.config.probe_budget * self._idle * t[1]
+        return probe <= self.config.probe_budget * self.probing.idle * t[1]
 
-    def draft_length(self, produced: int, remaining: float, room: int) -> int:
-        """How many tokens to draft this round, from `self.source`; 0 means a plain target step."""
+    def decide(self, produced: int, remaining: float, room: int, base: int = 0) -> Round:
+        """This round: from which source to draft how many tokens, and the rows to decode.
+
+        `produced` tokens so far, `remaining` at most to go, `room` left in the window; `base` rows
+        that other sequences put in the same step (a lone sequence: 0)."""
         c = self.config
-        self.rows = 1
         if not self.enabled:
-            return 0
+            return PLAIN
         k_cap = int(min(c.n_max, remaining - 1, room, len(self.cost.t_step) - 2))
         if k_cap < c.n_min:
-            return 0
-        supports = [s.support() if not s.has_cost or produced >= self._off_until else Support(ready=False)
+            return PLAIN
+        probing = self.probing
+        supports = [s.support() if not s.has_cost or produced >= probing.off_until else Support(ready=False)
                     for s in self.sources]
         ready = [i for i, s in enumerate(supports) if s.ready]
         if not c.adaptive:  # llama.cpp's rule: the first source that has a draft, at full length
             if not ready:
-                return 0
-            self.source, self._support, self.rows = ready[0], supports[ready[0]], k_cap + 1
-            return k_cap
+                return PLAIN
+            return Round(ready[0], k_cap, k_cap + 1, supports[ready[0]])
         if not ready:  # nothing to propose: a plain step
-            self._idle += 1
-            self._last, self._probing = None, False
-            return 0
-        chosen, k, best_rank = ready[0], 0, 0.0
+            probing.idle += 1
+            self._last = None
+            return PLAIN
+        best, best_rank = PLAIN, 0.0
         for i in ready:  # the first of equals: the configured order
-            ki, rows, rate, rank = self._best(i, supports[i], k_cap, min(room, len(self.cost.t_step) - 2))
+            support = supports[i]
+            ki, rows, rate, rank = self._best(i, support, k_cap, min(room, len(self.cost.t_step) - 2), base)
             # A model draft must first prefill what it missed; starting pays only if the time the
             # gain saves over the tokens still to come (at most `horizon`) covers that. It gains
             # only where the free sources would not have drafted: the share of this request's
             # tokens that plain steps produced (a copying request's is small).
-            if ki and self.sources[i].has_cost and self._last != (i, supports[i].key):
-                share = 1.0 - self._free_tokens / produced if produced >= 32 else 1.0
-                saved = min(remaining, c.horizon) * share * (self.cost.t_step[1] - 1.0 / rate)
+            if ki and self.sources[i].has_cost and self._last != self._key(i, support):
+                share = 1.0 - self.tally.free_tokens / produced if produced >= 32 else 1.0
+                saved = min(remaining, c.horizon) * share * (self.cost.added(1, base) - 1.0 / rate)
                 if saved < self.sources[i].lag() * self.cost.t_catchup:
                     ki = 0
             if ki and self.sources[i].has_cost:
                 # Against the other sources, this round pays the catch-up of what they drafted
                 # while the model sat out: a copying stretch stays with the free source.
-                seconds = self.cost.t_draft * ki + self._rows_cost(rows)
+                seconds = round_seconds(ki, self.cost.t_draft, self._rows_cost(rows, base))
                 rank *= seconds / (seconds + self.sources[i].lag() * self.cost.t_catchup)
             if ki and rank > best_rank:
-                chosen, k, self.rows, best_rank = i, ki, rows, rank
-        self.source, self._support = chosen, supports[chosen]
-        self._last = (chosen, self._support.key) if k else None
-        self._probing = False
-        if k:
+                best, best_rank = Round(i, ki, rows, support), rank
+        if best.k:
+            self._last = self._key(best.source, best.support)
             self.fallback = None  # speculating again: `fallback` reports why it is off, if it is
-            return k
-        return self._nothing_pays(supports, k_cap)
+            return best
+        self._last = None
+        return self._nothing_pays(supports, k_cap, Round(ready[0], 0, 1, supports[ready[0]]))
 
-    def _nothing_pays(self, supports: list[Support], k_cap: int) -> int:
+    def _nothing_pays(self, supports: list[Support], k_cap: int, plain: Round) -> Round:
         """No draft pays this round: say why, and probe a costly source now and then so new evidence
         can arrive. A free source is not probed: its classes carry priors, so evidence arrives from
         the classes that look worth drafting, and a probe would only buy a wider batch for a class
-        already expected to lose."""
+        already expected to lose. The plain round answered carries the class that was priced (the
+        first ready source's)."""
         costly = self._costly
         probe = costly is not None and supports[costly].ready
         # A free source that has drafted this request was not switched off: only this class of
         # draft is skipped, so it reports no fallback.
-        if self.fallback is None and (probe or not self.rounds):
+        if self.fallback is None and (probe or not self.tally.rounds):
             self.fallback = (
-                f"draft does not pay: acceptance {self._acceptance(supports[costly]):.2f}"  # type: ignore[index]
-                if self.rounds
+                f"draft does not pay: acceptance {self._acceptance(costly, supports[costly]):.2f}"  # type: ignore[arg-type,index]
+                if self.tally.rounds
                 else "verification too costly on this hardware"
             )
-        self._idle += 1
-        if probe and self._idle >= self._backoff and self._probe_affordable(k_cap):
+        probing = self.probing
+        probing.idle += 1
+        if probe and probing.idle >= probing.backoff and self._probe_affordable(k_cap):
             # Probe in full so one round is real evidence (a model drafter still stops early where
             # its own confidence falls below p_min).
-            self._idle = 0
-            self._backoff *= 2
-            self._probing = True
-            self.source, self._support, self.rows = costly, supports[costly], k_cap + 1  # type: ignore[index]
-            return k_cap
-        return 0
+            probing.idle = 0
+            probing.backoff *= 2
+            return Round(costly, k_cap, k_cap + 1, supports[costly], probe=True)  # type: ignore[arg-type,index]
+        return plain
 
-    def record(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, produced: int,
-               step_seconds: float | None = None, caught_up: int = 0, rows: int = 0) -> None:
-        """Account one round; drafted = 0 for a plain step. step_seconds: drafting without catch-up,
-        which prefilled `caught_up` tokens. rows: the batch decoded (drafted + 1 unless padded)."""
+    def record(self, rnd: Round, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,
+               produced: int, step_seconds: float | None = None, caught_up: int = 0, rows: int = 0) -> None:
+        """Account one round as decided (`rnd`) and as it went: `drafted` tokens (0: a plain step;
+        a drafter may propose fewer than rnd.k), `accepted` of them. step_seconds: drafting without
+        catch-up, which prefilled `caught_up` tokens. rows: the batch decoded (drafted + 1 unless
+        padded)."""
         rows = rows or drafted + 1
         warm = self._warm
         same = rows == self._prev_rows
@@ -272,69 +333,61 @@ class Plan:
             self.cost.observe_step(rows, verify_seconds, same)
         if step_seconds is not None:
             self.cost.observe_catchup(caught_up, draft_seconds - step_seconds)
+        probing = self.probing
         if drafted == 0:
-            if self._probing:  # the drafter had nothing to offer: probe again next round
-                self._idle = self._backoff
-                self._backoff //= 2
+            if rnd.probe:  # the drafter had nothing to offer: probe again next round
+                probing.idle = probing.backoff
+                probing.backoff //= 2
             return
-        self._probing = False
-        src = self.sources[self.source]
-        self._learn(self._support, drafted, accepted)
+        src = self.sources[rnd.source]
+        self._learn(rnd.source, rnd.support, drafted, accepted)
         if not src.has_cost:
-            self._free_tokens += accepted + 1
-        self.rounds += 1
-        self.draft_tokens += drafted
-        self.accepted_tokens += accepted
-        counts = self.by_source[src.name]
-        counts[0] += drafted
-        counts[1] += accepted
-        if len(self.accepted_per_pos) < drafted:
-            self.accepted_per_pos.extend([0] * (drafted - len(self.accepted_per_pos)))
-        for i in range(accepted):
-            self.accepted_per_pos[i] += 1
+            self.tally.free_tokens += accepted + 1
+        self.tally.add(src.name, drafted, accepted)
         if not src.has_cost:
             return
-        self._idle = 0  # evidence arrived: count plain steps before the next probe anew
+        probing.idle = 0  # evidence arrived: count plain steps before the next probe anew
         draft = draft_seconds if step_seconds is None else step_seconds
         self.cost.observe_draft(drafted, draft)
         # A catch-up prefill is paid once, when drafting starts; whether to go on drafting must
         # not count it (it would stop drafting just as the investment starts to pay).
-        self._judge(accepted + 1, draft + verify_seconds + (self.cost.t_switch if warm else 0.0), produced)
+        self._judge(src.name, accepted + 1, draft + verify_seconds + (self.cost.t_switch if warm else 0.0), produced)
 
-    def _judge(self, tokens: int, seconds: float, produced: int) -> None:
+    def _judge(self, name: str, tokens: int, seconds: float, produced: int) -> None:
         """Watch a costly source's realised throughput and switch it off for a back-off when it falls
         behind plain decoding: its price (draft steps, catch-up) is measured, not known.
 
         Free sources are not judged so: their only price is the verify batch, which the cost model
         tracks, and their acceptance is priced class by class; a whole-drafter verdict mixed classes
         and switched a copying request's long matches off with its short ones."""
-        self._spec_rounds += 1
-        self._spec_tokens += tokens
-        self._spec_seconds += seconds
+        p = self.probing
+        p.rounds += 1
+        p.tokens += tokens
+        p.seconds += seconds
         c = self.config
-        if not c.adaptive or self._spec_rounds < c.fallback_rounds or self.cost.t_step[1] <= 0:
+        if not c.adaptive or p.rounds < c.fallback_rounds or self.cost.t_step[1] <= 0:
             return
-        realised = self._spec_tokens / self._spec_seconds
+        realised = p.tokens / p.seconds
         plain = 1.0 / self.cost.t_step[1]
         if realised < c.fallback_margin * plain:
-            drafted, accepted = self.by_source[self.sources[self.source].name]
+            drafted, accepted = self.tally.by_source[name]
             self.fallback = (f"slower than target-only: {realised:.1f} vs {plain:.1f} tok/s "
                              f"at acceptance {accepted / drafted:.2f}")
-            self._off_until = produced + self._backoff
-            self._backoff *= 2
-        self._spec_rounds = 0
-        self._spec_tokens = 0.0
-        self._spec_seconds = 0.0
+            p.off_until = produced + p.backoff
+            p.backoff *= 2
+        p.rounds = 0
+        p.tokens = 0.0
+        p.seconds = 0.0
 
-    def _learn(self, support: Support, drafted: int, accepted: int) -> None:
+    def _learn(self, i: int, support: Support, drafted: int, accepted: int) -> None:
         """Evidence from a draft whose first `accepted` tokens held: for each token's class (see
         Support.along) the tokens that held, and the one that did not, if one did not."""
         if support.along is None:
-            parts = [(support.key, drafted, accepted)]
+            parts = [(self._key(i, support), drafted, accepted)]
         else:
             parts = []
             for j in range(min(drafted, accepted + 1)):  # the tokens whose fate is known
-                key = support.along(j).key
+                key = self._key(i, support.along(j))
                 if not parts or parts[-1][0] != key:
                     parts.append((key, 0, 0))
                 k, d, a = parts[-1]

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sidecar.engine.drafters import Proposal, Support
+from sidecar.engine.drafters import Proposal, Support, match_class
 from sidecar.engine.grammar import Grammar
 from sidecar.engine.sampling import Sampler
 
@@ -359,10 +359,10 @@ class SuffixCache:
 class SuffixDrafter:
     """Drafts from a SuffixCache; teaches it each finished request (`finish`).
 
-    Support classes, keyed KEY_BASE + 10 * c + f (110..162, clear of NgramDrafter's 0..6 and of
-    the model drafter's 0): c is the match's class as in NgramDrafter (m = 2^c to 2m - 1 tokens,
-    c = 1..6, capped at 64), f how the earlier sequences behind it agree on the first drafted
-    token, by the rule of succession p = (agreeing + 1) / (occurrences + 2):
+    Support classes 10 * c + f (10..62): c is the match's class as in NgramDrafter
+    (drafters.match_class: m = 2^c to 2m - 1 tokens, c = 1..6, capped at 64), f how the earlier
+    sequences behind it agree on the first drafted token, by the rule of succession
+    p = (agreeing + 1) / (occurrences + 2):
     f = 0 split (p < 0.6), 1 one occurrence or a weak majority (0.6 <= p < 0.8: one of one, two of
     two), 2 established (p >= 0.8: three of three or more). Priors start from NgramDrafter's
     m / (m + 2) for a verbatim copy: f = 1 takes it as it is, f = 2 halves the doubt (several
@@ -370,7 +370,7 @@ class SuffixDrafter:
     A draft's later tokens are classed alike (`Support.along`): token j by its match, j tokens
     longer, and its own vote, so a draft is priced to hold through the keys a JSON skeleton
     repeats and not through the value after one, where earlier outputs split; past the
-    continuation's end (key KEY_BASE - 1) nothing is expected.
+    continuation's end (class PAST_END) nothing is expected.
 
     One drafter per decoding slot (its lookup is remembered per request); the slots share a cache.
     Like NgramDrafter it ignores a grammar: the verifier's masked p rejects what the grammar forbids.
@@ -382,7 +382,7 @@ class SuffixDrafter:
 
     name = "suffix"
     has_cost = False
-    KEY_BASE = 100
+    PAST_END = -1
 
     def __init__(self, cache: SuffixCache, lead: int | None = 64, max_draft: int = 16, factor: float = 1.0,
                  min_prob: float = 0.1) -> None:
@@ -409,16 +409,13 @@ class SuffixDrafter:
     def _lookup(self, context: Sequence[int]) -> Continuation:
         n_ctx = len(context)
         last = context[-1] if n_ctx else -1
-        # As in NgramDrafter: the context only grows within a request, so support() and propose()
-        # of one round share a lookup (and see the same cache, whatever other threads add).
+        # As in NgramDrafter: the context only grows within a request, so the planner's look and
+        # the draft of one round share a lookup (and see the same cache, whatever other threads add).
         if self._found[:2] != (n_ctx, last):
             self._found = (n_ctx, last, self.cache.lookup(context, self.max_draft, self.factor, self.min_prob))
         return self._found[2]
 
-    def support(self, context: Sequence[int]) -> Support:
-        cont = self._lookup(context)
-        if not cont.tokens:
-            return Support(ready=False)
+    def _support(self, cont: Continuation) -> Support:
         first = self.classify(cont.match, cont.occurrences, cont.agreeing)
 
         def along(j: int) -> Support:
@@ -427,30 +424,27 @@ class SuffixDrafter:
             if j == 0:
                 return first
             if j >= len(cont.tokens):
-                return Support(key=self.KEY_BASE - 1, prior=0.0)
+                return Support(cls=self.PAST_END, prior=0.0)
             agreeing, alive = cont.votes[j]
             return self.classify(cont.match + j, alive, agreeing)
 
-        return Support(key=first.key, prior=first.prior, along=along)
+        return Support(cls=first.cls, prior=first.prior, along=along)
 
     @classmethod
     def classify(cls, match: int, occurrences: int, agreeing: int) -> Support:
         """The support class of a continuation (see the class docstring)."""
-        c = min(match, 64).bit_length() - 1
-        m = 1 << c
-        copy = m / (m + 2)
+        c, copy = match_class(match, 64)
         p = (agreeing + 1) / (occurrences + 2)
         f = 2 if p >= 0.8 else 1 if p >= 0.6 else 0
         prior = (copy / 2, copy, (1 + copy) / 2)[f]
-        return Support(key=cls.KEY_BASE + 10 * c + f, prior=prior)
+        return Support(cls=10 * c + f, prior=prior)
 
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
         t0 = time.perf_counter()
-        tokens = self._lookup(context).tokens[:max_tokens]
-        return Proposal(list(tokens), None, time.perf_counter() - t0)
-
-    def lag(self, context: Sequence[int]) -> int:
-        return 0  # a lookup needs nothing caught up
+        cont = self._lookup(context)
+        if not cont.tokens:
+            return Proposal(seconds=time.perf_counter() - t0)
+        return Proposal(list(cont.tokens[:max_tokens]), self._support(cont), seconds=time.perf_counter() - t0)
 
     def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
         # A lookup reads only the context's end, which a shift keeps; forget the remembered one,

@@ -1,0 +1,414 @@
+"""One request being generated: a sequence that a step drives.
+
+A `Sequence` holds everything of one request: its committed tokens, sampler, grammar, drafter and
+planner state, and its output. It never decodes. Each step it says which rows it needs scored next
+(`rows`: a chunk of its prompt's prefill, one plain token, or a token with its drafted stretch),
+takes those rows' logits back (`take`), verifies the draft against them, emits its output and
+updates its drafters; between steps it tells the step loop (engine.step) how many positions of its
+KV cache to keep (`kv_len`) and, when its window is full, what to shift. So the decode calls, and
+the llama.cpp context they run on, belong to the step loop alone.
+
+A round with no draft is a plain target step, so target-only decoding is the same code path with
+k = 0; that is what makes speculative and plain output comparable token for token.
+
+Prompt handling is fixed so both paths see bit-identical numerics: the prompt minus its last token
+is prefilled in n_batch chunks (reusing any cached prefix), and the last prompt token is always
+decoded together with the first round's draft (or alone). The pending token (the last committed
+token, not yet in the KV cache) leads every verification batch.
+
+Under a grammar (`format`) every row is masked with the grammar state it would have in plain
+decoding: row i of a draft with the state after draft tokens 0..i-1 (a clone walked along the
+draft), so a drafted token the grammar forbids has p = 0 and is rejected. The committed state
+advances only by emitted tokens. A deferred grammar (`grammar_after`, Ollama holding `format` back
+until a thinking model's thinking ends) applies from the token after the one whose text completes
+the trigger; inside one verification the rows up to that token are unmasked and the later ones are
+masked with a fresh state walked from there, exactly as plain decoding would mask them.
+
+A full window is shifted (`shift`, engine.window) and stays lossless: after every round the
+target's cache holds the committed tokens but the pending one (rejected drafts are rolled back) and
+a draft never exceeds the room left, so the cache fills up at the same committed length with or
+without drafts, holding the same entries, and the same (keep, discard) shift leaves the same cache.
+llama.cpp then puts the next tokens in the freed cells in position order either way (the first free
+cell from its head, which removing rejected drafts moves back to the first freed cell), so a batch
+after a shift reads the cache exactly as plain steps do. Drafters only see the shifted context
+(`Drafter.shift`); what they propose cannot change the output.
+
+Logprobs (engine.logprobs) come from the row that scored each emitted token, the verify batch's
+under speculation; they are computed only when asked for.
+
+A drafter is held as a hybrid.HybridDrafter (a lone one as a hybrid of one): the planner picks the
+source of each round's draft. Where a batch of the previous decode's shape costs less (a GPU's
+CUDA graphs, CostModel.t_same) the planner may ask for more rows than the draft fills: the rest are
+copies of the pending token, whose rows are never read and whose cache entries are rolled back with
+the rejected drafts, so they change nothing but the batch's shape. At the end the drafter is told
+of the finished request (`finish`), speculative or not, so a cross-request cache learns it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import abc, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sidecar.engine.adaptive import CostModel, SpeculativeConfig
+from sidecar.engine.drafters import Proposal, common_prefix
+from sidecar.engine.grammar import Grammar
+from sidecar.engine.hybrid import HybridDrafter
+from sidecar.engine.llama import EngineError, Weights
+from sidecar.engine.logprobs import Logprobs, TokenLogprob, token_logprob
+from sidecar.engine.planner import Plan, Round
+from sidecar.engine.sampling import Sampler, SamplingParams
+from sidecar.engine.text import TextStream, Trigger
+from sidecar.engine.verify import verify_greedy, verify_rejection, verify_sample_and_match
+from sidecar.engine.window import shift_span, truncate_prompt
+from sidecar.errors import ClientError
+
+
+class PromptTooLong(EngineError, ClientError):
+    """The prompt does not fit in the context window."""
+
+
+class InvalidToken(EngineError, ClientError):
+    """The prompt holds a token id outside the vocabulary (a client's `context` can)."""
+
+
+@dataclass
+class Result:
+    """What a finished generation reports (Ollama's metrics plus speculation counters)."""
+
+    tokens: list[int] = field(default_factory=list)  # generated tokens, end-of-generation excluded
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    done_reason: str = "stop"  # stop | length | cancel
+    draft_tokens: int = 0
+    draft_accepted_tokens: int = 0
+    draft_rounds: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    # Per source of the drafter (its name, e.g. "ngram"): (tokens drafted, tokens accepted).
+    drafts_by_source: dict[str, tuple[int, int]] = field(default_factory=dict)
+    fallback: str | None = None
+    drafter: str | None = None
+    prompt_truncated: int = 0  # prompt tokens dropped to fit the window (prompt_tokens counts the rest)
+    shifts: int = 0  # context shifts during generation
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # -1: until end of generation (or a full window without `shift`); -2: until the window is full
+    num_predict: int = -1
+    stop: list[str] = field(default_factory=list)
+    speculate: bool = True  # False forces target-only (Ollama's draft_num_predict: 0)
+    n_max: int | None = None  # per-request cap on the draft length
+    grammar: str | None = None  # GBNF the output must follow (Ollama's `format`, engine.grammar)
+    logprobs: int | None = None  # None: off; N: each token's logprob and the N most likely (Logprobs items)
+    truncate: bool = False  # cut a prompt that does not fit (Ollama's `truncate`) instead of refusing it
+    num_keep: int = 4  # tokens after the BOS that truncation and shifting keep; -1: the whole prompt
+    shift: bool = False  # shift a full window and go on (Ollama's context shift) instead of stopping
+    grammar_after: str | None = None  # hold `grammar` back until the output's text contains this
+    preserve: frozenset[int] = frozenset()  # control tokens emitted as their text (output parsers need them)
+
+
+Item = str | Logprobs | Result
+
+
+@dataclass(frozen=True)
+class Rows:
+    """What a sequence needs scored next: `tokens`, decoded after the positions its KV cache keeps,
+    in one llama_decode; `logits`, whether their rows are read (a prefill chunk's are not); `shift`,
+    a (keep, discard) the step loop applies to the KV cache first (engine.window)."""
+
+    tokens: list[int]
+    logits: bool = True
+    shift: tuple[int, int] | None = None
+
+
+@dataclass
+class _Pending:
+    """The round between `rows` and `take`: its decision, draft and the proposal behind it."""
+
+    round: Round
+    draft: list[int]
+    proposal: Proposal
+    batch: int
+
+
+class Sequence:
+    """One request on a target: its state from the prompt to the Result (see the module docstring).
+
+    `drafter` drafts when the request speculates and learns the finished request in any case."""
+
+    def __init__(self, weights: Weights, n_ctx: int, n_batch: int, req: Request, drafter: HybridDrafter | None,
+                 config: SpeculativeConfig, cost: CostModel, cancelled: Callable[[], bool] = lambda: False) -> None:
+        self.weights, self.n_ctx, self.n_batch = weights, n_ctx, n_batch
+        self.req = req
+        self.learner = drafter
+        self.drafter = drafter if req.speculate else None
+        if req.n_max is not None:
+            config = SpeculativeConfig(**{**config.__dict__, "n_max": min(config.n_max, req.n_max)})
+        self.config, self.cost = config, cost
+        self.cancelled = cancelled
+        self.grammar = Grammar(weights, req.grammar) if req.grammar else None
+        self.done: str | None = None
+        self.kv_len = 0  # positions of the KV cache this sequence holds: its tokens but the pending one
+
+    # -- the prompt --------------------------------------------------------------------------
+    def _prompt(self) -> list[int]:
+        """The prompt to decode: checked, and cut to fit the window when the request allows it."""
+        req, weights = self.req, self.weights
+        prompt = req.prompt
+        if not prompt:
+            raise EngineError("empty prompt")
+        bad = next((t for t in prompt if not 0 <= t < weights.n_vocab), None)
+        if bad is not None:  # llama.cpp would refuse the batch, after a prefill of everything before it
+            raise InvalidToken(f"token id {bad} is not in the vocabulary (0 to {weights.n_vocab - 1})")
+        if len(prompt) >= self.n_ctx and req.truncate:
+            prompt = truncate_prompt(prompt, self.n_ctx, req.num_keep, weights.vocab_info().add_bos)
+        if len(prompt) >= self.n_ctx:
+            raise PromptTooLong(
+                f"the prompt is {len(prompt)} tokens, the context holds {self.n_ctx} (raise num_ctx)"
+            )
+        return prompt
+
+    def start(self, cached: abc.Sequence[int], fresh: int) -> int:
+        """Begin on a KV cache that holds `cached` (its first `fresh` positions as a prefill would
+        compute them): returns how many of them to keep, the prompt's reusable prefix."""
+        req = self.req
+        prompt = self._prompt()
+        self.prompt = prompt
+        self.result = Result(prompt_tokens=len(prompt), prompt_truncated=len(req.prompt) - len(prompt))
+        self._t0 = time.perf_counter()
+        keep = min(common_prefix(cached, prompt), fresh, len(prompt) - 1)
+        rest = prompt[keep:-1]
+        # The chunking is a pure function of (keep, prompt), so two paths that prefill the same
+        # prompt from the same state see bit-identical KV (as llama.Context.prefill chunks).
+        self._chunks = deque(rest[off : off + self.n_batch] for off in range(0, len(rest), self.n_batch))
+        self.kv_len = keep
+        self.sampler = Sampler(req.sampling, self.weights.n_vocab, self.n_ctx)
+        self.tokens = list(prompt)  # committed and in the window; tokens[-1] is pending (not in the KV cache yet)
+        self.history = list(prompt)  # committed, shifts or not: what the penalties look back over
+        drafter = self.drafter
+        if drafter is not None:
+            drafter.begin(self.sampler)
+            self.result.drafter = drafter.name
+        self.plan = Plan.start(self.config, self.cost, drafter.plan_sources(self.tokens) if drafter else [],
+                               req.num_predict)
+        self.text = TextStream(req.stop)
+        self.text_of = _renderer(self.weights.piece, self.weights.special_piece, req.preserve)
+        self.trigger = Trigger(req.grammar_after) if self.grammar is not None and req.grammar_after else None
+        self.pending: list[TokenLogprob] = []  # logprobs of tokens whose text is not out yet
+        self.limit = req.num_predict if req.num_predict >= 0 else float("inf")
+        self._round: _Pending | None = None
+        if not self._chunks:
+            self._prefilled()
+        return keep
+
+    def _prefilled(self) -> None:
+        self.result.prompt_seconds = time.perf_counter() - self._t0
+        self._t_gen = time.perf_counter()
+
+    # -- a step --------------------------------------------------------------------------------
+    def rows(self) -> Rows | None:
+        """The rows to score next; None once the sequence is done (then `finish`)."""
+        if self._chunks:
+            return Rows(self._chunks[0], logits=False)
+        if self.done is not None:
+            return None
+        if self.cancelled():
+            self.done = "cancel"
+            return None
+        shift = None
+        if self.kv_len >= self.n_ctx:  # no room for the pending token
+            shift = self._shift()
+            if shift is None:
+                self.done = "length"
+                return None
+            self.result.shifts += 1
+        room = self.n_ctx - self.kv_len - 1
+        tokens, out, drafter = self.tokens, self.result.tokens, self.drafter
+        live = self.grammar if self.trigger is None or self.trigger.fired else None
+        rnd = self.plan.decide(len(out), self.limit - len(out), room)
+        proposal = drafter.propose(rnd.source, tokens, rnd.k, live) if rnd.k > 0 and drafter else Proposal()
+        draft = proposal.tokens[: rnd.k]
+        batch = [tokens[-1], *draft]
+        if draft and rnd.rows > len(batch):  # the stretch's shape (see the module docstring)
+            batch += [tokens[-1]] * (rnd.rows - len(batch))
+        self._round = _Pending(rnd, draft, proposal, len(batch))
+        return Rows(batch, shift=shift)
+
+    def full(self) -> None:
+        """The KV cache had no room for the rows asked for: the generation ends there."""
+        self._round = None
+        self.done = "length"
+
+    def take(self, logits: np.ndarray | None, seconds: float = 0.0) -> list[Item]:
+        """The rows' logits (None for a prefill chunk) and the seconds their decode took: verify,
+        commit and return the output they make final."""
+        if self._chunks:
+            self.kv_len += len(self._chunks.popleft())
+            if not self._chunks:
+                self._prefilled()
+            return []
+        assert logits is not None and self._round is not None
+        pending, self._round = self._round, None
+        draft, proposal = pending.draft, pending.proposal
+        tokens, history, out = self.tokens, self.history, self.result.tokens
+        sampler, grammar, trigger, text_of = self.sampler, self.grammar, self.trigger, self.text_of
+        window = sampler.history_window
+        greedy = sampler.params.greedy
+        head = history[-window:] if window else []
+        states = _DraftStates(grammar, trigger, draft, text_of)
+
+        def p_at(i: int) -> np.ndarray:
+            seen = head + draft[:i] if window else head
+            mask = states.at(i)
+            if greedy:  # the verifier only takes the argmax: skip building the one-hot vector
+                return sampler.choice_logits(logits[i], seen, mask)
+            return sampler.probs(logits[i], seen, mask)
+
+        try:
+            m, nxt = _verify(sampler, draft, proposal, p_at)
+        finally:
+            states.close()
+        self.kv_len = len(tokens) + m  # keep the pending token and the accepted drafts
+        self.plan.record(pending.round, len(draft), m, proposal.seconds, seconds, len(out),
+                         proposal.step_seconds, proposal.caught_up, pending.batch)
+        items: list[Item] = []
+        for row, tok in enumerate((*draft[:m], nxt)):
+            if self.weights.is_eog(tok):
+                self.done = "stop"
+                break
+            if grammar is not None and (trigger is None or trigger.fired):
+                grammar.accept(tok)
+            raw = text_of(tok)
+            if trigger is not None:
+                trigger.feed(raw)  # a grammar that starts here applies from the next token on
+            tokens.append(tok)
+            history.append(tok)
+            out.append(tok)
+            if self.req.logprobs is not None:
+                self.pending.append(token_logprob(logits[row], tok, self.req.logprobs, text_of))
+            piece, hit = self.text.feed(raw)
+            if piece:
+                if self.pending:
+                    items.append(Logprobs(tuple(self.pending)))
+                    self.pending.clear()
+                items.append(piece)
+            if hit:
+                self.done = "stop"
+                break
+            if len(out) >= self.limit:
+                self.done = "length"
+                break
+        return items
+
+    def finish(self) -> list[Item]:
+        """The output still held back, then the Result; the drafter learns the request first (a
+        consumer may stop reading at the Result)."""
+        res, plan, done = self.result, self.plan, self.done
+        assert done is not None
+        items: list[Item] = []
+        rest = self.text.flush()
+        if done != "cancel":
+            if self.pending:
+                items.append(Logprobs(tuple(self.pending)))
+            if rest:
+                items.append(rest)
+        res.eval_seconds = time.perf_counter() - self._t_gen
+        res.done_reason = done
+        tally = plan.tally
+        res.draft_tokens = tally.draft_tokens
+        res.draft_accepted_tokens = tally.accepted_tokens
+        res.draft_rounds = tally.rounds
+        res.accepted_per_pos = list(tally.accepted_per_pos)
+        res.drafts_by_source = {name: (d, a) for name, (d, a) in tally.by_source.items()}
+        res.fallback = plan.fallback if self.drafter else None
+        if self.learner is not None:
+            self.learner.finish(self.prompt, res.tokens, done)
+        items.append(res)
+        return items
+
+    def close(self) -> None:
+        if self.grammar is not None:
+            self.grammar.close()
+
+    def _shift(self) -> tuple[int, int] | None:
+        """Make room for the pending token as llama-server does: the (keep, discard) to drop from the
+        KV cache, or None when the request stops instead (shift off, num_predict -2 asks for one
+        window, or the kept head leaves nothing to drop)."""
+        req = self.req
+        if not req.shift or req.num_predict == -2:
+            return None
+        add_bos = self.weights.vocab_info().add_bos
+        keep, discard = shift_span(self.kv_len, self.n_ctx, req.num_keep, len(self.prompt), add_bos)
+        if discard == 0:
+            return None
+        if self.drafter is not None:
+            self.drafter.shift(self.tokens, keep, discard)
+        del self.tokens[keep : keep + discard]
+        self.kv_len -= discard
+        return keep, discard
+
+
+def _verify(sampler: Sampler, draft: abc.Sequence[int], proposal: Proposal,
+            p_at: Callable[[int], np.ndarray]) -> tuple[int, int]:
+    if sampler.params.greedy:
+        return verify_greedy(draft, p_at)
+    if not draft:
+        return 0, sampler.draw(p_at(0))
+    if proposal.q is not None:
+        return verify_rejection(draft, proposal.q, p_at, sampler.rng)
+    return verify_sample_and_match(draft, p_at, sampler.rng)
+
+
+def _renderer(piece: Callable[[int], bytes], special: Callable[[int], bytes],
+              preserve: frozenset[int]) -> Callable[[int], bytes]:
+    """A token's output bytes: its special rendering for the `preserve` ids, its plain piece otherwise."""
+    if not preserve:
+        return piece
+    return lambda tok: special(tok) if tok in preserve else piece(tok)
+
+
+class _DraftStates:
+    """Grammar states for the rows of one verification: row i sees the state after draft[:i].
+
+    The verifiers ask for rows in order and stop at the first rejection, so one clone walked
+    forward serves every row, and it only ever accepts draft tokens already verified. A deferred
+    grammar not started yet masks no row until a draft token completes its trigger (a copy of the
+    committed watcher walks the draft); the rows after it get the grammar's start state walked from
+    there."""
+
+    def __init__(self, grammar: Grammar | None, trigger: Trigger | None, draft: abc.Sequence[int],
+                 text_of: Callable[[int], bytes]) -> None:
+        self.grammar = grammar
+        self.draft = draft
+        self._text_of = text_of
+        # Set while the grammar has not started by the row being walked to.
+        self._watch = trigger.copy() if trigger is not None and not trigger.fired else None
+        self._walker: Grammar | None = None
+        self._walked = 0
+
+    def at(self, i: int) -> Grammar | None:
+        if self.grammar is None:
+            return None
+        while self._walked < i:
+            tok = self.draft[self._walked]
+            self._walked += 1
+            if self._watch is None:
+                if self._walker is None:
+                    self._walker = self.grammar.clone()
+                self._walker.accept(tok)
+            elif self._watch.feed(self._text_of(tok)):
+                self._watch = None  # the grammar applies from the next row on, from its start state
+        if self._watch is not None:
+            return None
+        return self._walker if self._walker is not None else self.grammar
+
+    def close(self) -> None:
+        if self._walker is not None:
+            self._walker.close()
