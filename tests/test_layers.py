@@ -18,7 +18,7 @@ SIDECAR = Path(__file__).resolve().parents[1] / "sidecar"
 # package -> packages of sidecar it must never import
 FORBIDDEN = {
     "api": {"engine", "pairing"},
-    "config": {"runtime", "api", "pairing", "templates"},
+    "config": {"runtime", "api", "pairing"},
     "engine": {"api", "runtime", "config", "models", "templates", "observability", "pairing"},
     "templates": {"api", "runtime", "config", "engine", "models", "pairing"},
     "models": {"api", "runtime", "config", "engine", "templates", "pairing"},
