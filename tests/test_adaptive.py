@@ -585,3 +585,26 @@ def test_on_a_cpu_a_draft_is_never_padded() -> None:
     rnd = p.decide(9, INF, 100)
     k = rnd.k
     assert k and rnd.rows == k + 1
+
+
+def test_a_provisional_curve_follows_its_one_row_step_as_a_level() -> None:
+    """Loaded on a busy machine, the prior curve was scaled to a slow step: once plain steps run
+    fast again, the batch sizes not decoded since move with them, so a likely draft pays again."""
+    model = CostModel(8)
+    model._prior(0.2, 9)  # a load that measured a 0.2 s step on a busy machine
+    p = Plan.start(SpeculativeConfig(), model, [Source(support=lambda: Support(cls=4, prior=0.9))], -1)
+    for produced in range(12):  # quiet now: 0.04 s steps
+        p.record(PLAIN, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.04, produced=produced)
+    assert model.t_step[1] == pytest.approx(0.04, rel=0.01)
+    assert model.verify_curve() == pytest.approx([1.0, *(0.6 * n + 0.4 for n in range(2, 10))])
+    assert p.decide(12, INF, 100).k > 0
+    model.observe_step(3, 0.1)  # a batch decoded since keeps its own price
+    three, four = model.t_step[3], model.t_step[4]
+    model.observe_step(1, 0.02)
+    assert model.t_step[3] == three and model.t_step[4] == pytest.approx(four * model.t_step[1] / 0.04, rel=0.02)
+
+
+def test_a_measured_curve_does_not_move_with_one_row_steps() -> None:
+    model = cost(CPU)
+    model.observe_step(1, 0.5)
+    assert model.t_step[1:] == [pytest.approx(0.9), *CPU[1:]]

@@ -12,7 +12,7 @@ import pytest
 from sidecar.config.entries import PairEntry, build_entry
 from sidecar.config.schema import Pair
 from sidecar.engine.llama import Weights
-from sidecar.runtime.caches import SuffixCaches
+from sidecar.runtime.llamacpp.caches import SuffixCaches
 from tests.conftest import SMOLLM2_REF
 
 

@@ -180,11 +180,10 @@ def _imports(f: Path) -> set[str]:
 
 
 def test_llama_cpp_stays_behind_the_seam() -> None:
-    """Only the llama.cpp engine's package reads llama.cpp (the suffix caches, which the engine owns,
-    still take its Weights for their vocabulary id); the API never names an engine."""
+    """Only the llama.cpp engine's package reads llama.cpp; the API never names an engine."""
     llama = {str(f.relative_to(SIDECAR)) for f in (SIDECAR / "runtime").rglob("*.py")
              if "sidecar.engine.llama" in _imports(f) and "llamacpp" not in f.parts}
-    assert llama <= {"runtime/caches.py"}, llama
+    assert not llama, llama
     api = {str(f.relative_to(SIDECAR)): names for f in (SIDECAR / "api").rglob("*.py")
            if (names := {m for m in _imports(f) if m.startswith("sidecar.runtime.llamacpp")})}
     assert not api, api

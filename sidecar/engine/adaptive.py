@@ -83,12 +83,11 @@ class CostModel:
         # Seconds per n rows right after a decode of n rows, where that is measurably cheaper than
         # t_step (a GPU replays the graph it captured for that shape); empty where it is not (a CPU).
         self.t_same: list[float] = []
-        # The pair's acceptance across requests (decayed) per support key (drafters.Support), so a
+        # The pair's acceptance across requests (decayed) per (source, class) (planner.Key), so a
         # new request starts from what this draft has shown rather than from the prior, and a
         # known-bad draft is rarely probed.
         self.evidence: dict[tuple[str, int], list[float]] = {}  # planner.Key -> [accepted, rejected]
-        self._smooth = 0.2
-        self.provisional = False  # the load-time measurement looked disturbed (see calibrate)
+        self.set_provisional(False)  # provisional: the load-time measurement looked disturbed (calibrate)
         self.calibration_seconds = 0.0
 
     def age(self, factor: float = 0.9) -> None:
@@ -210,6 +209,7 @@ class CostModel:
         replace a disturbed measurement within a few rounds."""
         self.provisional = provisional
         self._smooth = 0.5 if provisional else 0.2
+        self._observed: set[int] = set()  # batch sizes decoded since it turned provisional
 
     @classmethod
     def _time_same(cls, ctx: Context, base: int, sizes: Sequence[int], reps: int) -> dict[int, float]:
@@ -299,10 +299,25 @@ class CostModel:
         return True
 
     def observe_step(self, n: int, seconds: float, same: bool = False) -> None:
-        """A decode of n rows took `seconds`; `same`: right after a decode of n rows."""
+        """A decode of n rows took `seconds`; `same`: right after a decode of n rows.
+
+        A provisional curve was measured on a busy machine (or is the prior scaled to one step):
+        its level is what is wrong, not its shape. So while it is provisional, a one-row step moves
+        the sizes not decoded since by the same factor. Otherwise a load on a busy machine left a
+        steep curve behind once the machine was quiet again (fast one-row steps beside slow batch
+        prices), no draft looked worth a batch, and no batch ever came to correct it."""
         table = self.t_same if same and n > 1 and self.t_same else self.t_step
-        if n < len(table):
-            table[n] = self._ewma(table[n], seconds)
+        if n >= len(table):
+            return
+        old = table[n]
+        table[n] = self._ewma(old, seconds)
+        if self.provisional and table is self.t_step:
+            self._observed.add(n)
+            if n == 1 and old > 0.0:
+                scale = table[1] / old
+                for m in range(2, len(table)):
+                    if m not in self._observed:
+                        table[m] *= scale
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         if n_tokens > 0:

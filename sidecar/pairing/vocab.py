@@ -13,7 +13,7 @@ small enough to cache for every model (models.cache.FileCache), so a rescan read
 
 A Fingerprint's last digest, over every id the rules compare, is also the vocabulary's one identity
 (`vocab_id`): the name under which models whose token ids mean the same texts share what they
-learnt (runtime.caches' suffix caches), whether it was read from a header or a loaded model.
+learnt (runtime.llamacpp.caches' suffix caches), whether it was read from a header or a loaded model.
 """
 
 from __future__ import annotations

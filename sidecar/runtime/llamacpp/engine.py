@@ -15,8 +15,8 @@ from typing import Any
 from sidecar.config.entries import PairEntry
 from sidecar.engine.decoder import Logprobs, Request, Result
 from sidecar.engine.window import truncate_prompt
-from sidecar.runtime.caches import SuffixCaches
 from sidecar.runtime.contract import Generation, Logprob, Model, Outcome, Piece, TokenLogprob
+from sidecar.runtime.llamacpp.caches import SuffixCaches
 from sidecar.runtime.llamacpp.curves import CurveCache
 from sidecar.runtime.llamacpp.loading import Loaded, Slot, free_engine, load_pair, load_target, unload
 from sidecar.runtime.llamacpp.registry import WeightsRegistry

@@ -26,8 +26,8 @@ from sidecar.engine.llama import Context, ContextParams, Weights, default_thread
 from sidecar.engine.suffix import SuffixDrafter
 from sidecar.pairing.costs import ServedCosts
 from sidecar.pairing.rules import check_pair
-from sidecar.runtime.caches import SuffixCaches
 from sidecar.runtime.contract import ModelStatus, Vocabulary
+from sidecar.runtime.llamacpp.caches import SuffixCaches
 from sidecar.runtime.llamacpp.curves import CurveCache, curve_key
 from sidecar.runtime.llamacpp.registry import WeightsRegistry
 from sidecar.runtime.llamacpp.worker import Pool
