@@ -184,9 +184,9 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
     lm, _ = await rt.load(entry)
     load_s = time.perf_counter() - t0
     pe = lm.pairs[entry.name]
-    cost = pe.decoders[0].cost
+    cost = pe.cost
     curve = cost.verify_curve()
-    c = cost.t_draft / cost.t_step[1] if pe.draft_ctxs else 0.0
+    c = cost.t_draft / cost.t_step[1] if pe.draft_ctx else 0.0
     print(f"\n### {key}: {label}\n")
     print(f"load {load_s:.1f}s; target step {cost.t_step[1] * 1e3:.1f} ms; draft step / target step c = {c:.3f}; "
           f"plain steps after a batch cost {cost.t_switch / cost.t_step[1]:.2f} steps more")
@@ -195,7 +195,7 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
     ngram = entry.config.draft if isinstance(entry.config.draft, NgramDraft) else None
     if ngram is not None:  # the bound for the longest drafts too: does a longer n_max leave much behind?
         wide = CostModel(LONG_ROWS)
-        await lm.pool.call(lambda slot: wide.calibrate(slot.ctx))
+        await asyncio.wrap_future(lm.batcher.call(lambda: wide.calibrate(lm.ctx.view(0))))
         wide_curve = wide.verify_curve()
         print(f"verify cost up to {LONG_ROWS} rows: "
               + ", ".join(f"v({n})={wide_curve[n - 1]:.2f}" for n in (8, 12, 16, 24, LONG_ROWS)))
@@ -224,9 +224,10 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
         parted = [common_prefix(r.tokens, ref) for r in plain_runs + spec_runs if r.tokens != ref]
         agree = bnd = ""
         ratio_bound = ""
-        if pe.draft_ctxs:
-            a = await lm.pool.call(lambda slot, prompt=prompt, ref=ref: agreement(ref, prompt,
-                                                                                 pe.draft_ctxs[slot.index]))
+        if pe.draft_ctx is not None:
+            draft = pe.draft_ctx.view(0)
+            a = await asyncio.wrap_future(lm.batcher.call(
+                lambda prompt=prompt, ref=ref, draft=draft: agreement(ref, prompt, draft)))
             b, k = bound(a, curve, c)
             agree, bnd, ratio_bound = f"{a:.3f}", f"{b:.2f} (k={k})", f"{(s / p) / b:.2f}"
         if ngram is not None:

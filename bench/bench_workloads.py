@@ -202,7 +202,7 @@ async def bench_workload(rt: Runtime, name: str, reps: int, results: dict[str, A
         rt.set_entries({off.name: off, cached.name: cached})
         lm, _ = await rt.load(cached)
         await rt.load(off)
-        curve = lm.pairs[cached.name].decoders[0].cost.verify_curve()
+        curve = lm.pairs[cached.name].cost.verify_curve()
         for i, turn in enumerate(make(lambda: last[0])):
             runs = per.setdefault(i, {"plain": [], "off": [], "cache": []})
             order = [("plain", off, False), ("off", off, True), ("cache", cached, True)]

@@ -68,7 +68,7 @@ async def load_once(name: str, target: str, draft: str, cache: Path) -> tuple[fl
     lm, seconds = await rt.load(entry)
     assert abs(seconds - (time.perf_counter() - t0)) < 0.05
     target = lm.calibrated.calibration_seconds if lm.curve != "cached" and lm.calibrated else 0.0
-    measuring = target + lm.pairs[name].decoders[0].cost.calibration_seconds  # the draft's
+    measuring = target + lm.pairs[name].cost.calibration_seconds  # the draft's
     await rt.unload_all()
     return seconds, measuring, lm.curve or "-"
 

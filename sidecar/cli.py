@@ -75,16 +75,20 @@ def keep_alive_default() -> float:
         return 300.0
 
 
+NUM_PARALLEL = 2  # the conversation that matters and one side request (a title, tags) beside it
+
+
 def num_parallel_default() -> int:
-    """OLLAMA_NUM_PARALLEL, as Ollama reads it; unset, empty or not a positive integer: 1."""
+    """OLLAMA_NUM_PARALLEL, as Ollama reads it; unset, empty or not a positive integer: NUM_PARALLEL
+    (each costs a KV stream of num_ctx positions: README, Concurrency)."""
     raw = os.environ.get("OLLAMA_NUM_PARALLEL", "").strip()
     try:
         n = int(raw)
     except ValueError:
         if raw:
-            log.warning("OLLAMA_NUM_PARALLEL=%r is not an integer; using 1", raw)
-        return 1
-    return n if n >= 1 else 1
+            log.warning("OLLAMA_NUM_PARALLEL=%r is not an integer; using %d", raw, NUM_PARALLEL)
+        return NUM_PARALLEL
+    return n if n >= 1 else NUM_PARALLEL
 
 
 DRAIN_TIMEOUT = 30.0  # below systemd's TimeoutStopSec (120 s in our units), with room for unloading

@@ -97,7 +97,7 @@ def check_stream(chunks: list[dict[str, Any]]) -> None:
     else:
         assert final["eval_count"] <= NUM_PREDICT
     assert final["prompt_eval_count"] >= 1
-    assert len(final["context"]) == final["prompt_eval_count"] + final["eval_count"]
+    assert len(final["context"]) >= final["prompt_eval_count"] + final["eval_count"]  # cached tokens not evaluated
 
 
 def settle(pid: int, want_threads: int, timeout: float = 20) -> dict[str, int]:

@@ -92,7 +92,7 @@ async def test_a_load_on_a_busy_machine_keeps_its_budget(tmp_path: Path, busy: N
     assert lm.calibrated.calibration_seconds < loading.CURVE_BUDGET + 2.0
     assert lm.curve == "provisional" and lm.calibrated.provisional
     assert not list((tmp_path / "curves").glob("*.json"))  # a disturbed curve is not kept
-    assert lm.pairs["busy:a"].decoders[0].cost.provisional  # the online estimates take over
+    assert lm.pairs["busy:a"].cost.provisional  # the online estimates take over
     plain = await text_of(rt, entry, {"draft_num_predict": 0})
     assert await text_of(rt, entry, {}) == plain  # and speculation is still lossless
     await rt.unload_all()

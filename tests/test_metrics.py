@@ -26,14 +26,27 @@ class FakeEntry:
 
 
 @dataclass
+class FakeServed:
+    """A loaded target as the collector reads it: its status."""
+
+    busy: int = 0
+    steps: int = 0
+    rows: int = 0
+    cached_tokens: int = 0
+
+    def status(self) -> FakeServed:
+        return self
+
+
+@dataclass
 class FakeRuntime:
     """What the scrape-time collector reads from sidecar.runtime.manager.Runtime."""
 
     pending: int = 0
-    loaded: list[tuple[FakeEntry, object]] = field(default_factory=list)
+    loaded: list[tuple[FakeEntry, FakeServed]] = field(default_factory=list)
     on_load: list[Callable[[str, float, bool], None]] = field(default_factory=list)
 
-    def loaded_entries(self) -> list[tuple[FakeEntry, object]]:
+    def loaded_entries(self) -> list[tuple[FakeEntry, FakeServed]]:
         return self.loaded
 
 
@@ -119,9 +132,9 @@ async def test_models_config_upstream(aiohttp_client: Factory) -> None:
     assert s["sidecar_config_last_reload_successful"] == 1
     assert s['sidecar_config_reloads_total{result="failure"}'] == 0
 
-    shared = object()  # two pairs riding on one target
+    shared = FakeServed(busy=2, steps=10, rows=35, cached_tokens=900)  # two pairs riding on one target
     rt.pending = 3
-    rt.loaded = [(FakeEntry("a:1"), shared), (FakeEntry("b:1"), shared), (FakeEntry("c:1"), object())]
+    rt.loaded = [(FakeEntry("a:1"), shared), (FakeEntry("b:1"), shared), (FakeEntry("c:1"), FakeServed())]
     metrics.observe_model_load(app, "a:1", 2.0)
     for hook in rt.on_load:  # what the runtime calls when it loads a pair
         hook("c:1", 0.5, False)
@@ -133,6 +146,10 @@ async def test_models_config_upstream(aiohttp_client: Factory) -> None:
     assert s["sidecar_queue_depth"] == 3
     assert s["sidecar_models_loaded"] == 2
     assert s['sidecar_model_loaded{model="b:1"}'] == 1
+    assert s['sidecar_batch_sequences{model="a:1"}'] == 2
+    assert s['sidecar_batch_rows_per_step{model="b:1"}'] == 3.5
+    assert s['sidecar_prefix_cache_tokens{model="a:1"}'] == 900
+    assert s['sidecar_batch_rows_per_step{model="c:1"}'] == 0
     assert s['sidecar_model_load_seconds_count{model="a:1"}'] == 1
     assert s['sidecar_model_load_seconds_sum{model="a:1"}'] == 2.0
     assert s['sidecar_model_load_failures_total{model="c:1"}'] == 1

@@ -1,4 +1,5 @@
-"""OLLAMA_NUM_PARALLEL: N slots per target run N requests at once; one slot serialises; models run side by side.
+"""OLLAMA_NUM_PARALLEL: N requests per target decode at once, in one batch; one serialises; models run
+side by side; by default a side request (a title) runs beside the conversation instead of before it.
 
 Concurrency is read from the order of events, not from timing: every chunk carries the server's
 `created_at`, so two streams overlapped when each produced a token before the other finished.
@@ -116,3 +117,49 @@ def test_status_shows_slots_and_shared_weights(daemon: Daemon) -> None:
     assert slots[("two:slots",)] == 2 and slots[("one:slot",)] == 1
     # Two loaded targets (three contexts) over one mapping of the file.
     assert [w["refs"] for w in st["weights"] if w["path"].endswith("endless-a.gguf")] == [2]
+
+
+def test_two_requests_share_each_decode(daemon: Daemon) -> None:
+    """The two streams are one batch: its decodes hold more than one row on average, and /metrics
+    and /sidecar/status say so."""
+    before = httpx.get(daemon.url + "/sidecar/status").json()
+    run_together(daemon, ["two:slots", "two:slots"], n=200)
+    st = next(m for m in httpx.get(daemon.url + "/sidecar/status").json()["models"] if m["pairs"] == ["two:slots"])
+    was = next((m for m in before["models"] if m["pairs"] == ["two:slots"]), None)
+    assert st["busy"] == 0 and st["rows_per_step"] > 1.0, (was, st)
+    scrape = httpx.get(daemon.url + "/metrics").text
+    assert 'sidecar_batch_rows_per_step{model="two:slots"}' in scrape
+    assert 'sidecar_batch_sequences{model="two:slots"} 0.0' in scrape
+
+
+def test_a_title_request_runs_beside_the_chat_by_default(tmp_path: Path, endless: tuple[Path, Path]) -> None:
+    """Open WebUI sends its title request (non-streamed, num_predict 1000) just before the user's
+    chat. With the default parallelism the chat's first token comes while the title still runs."""
+    cfg = write_config(tmp_path / "pairs.yaml", f"""
+pairs:
+  m:latest:
+    from: {endless[0]}
+    parameters: {{temperature: 0, num_ctx: 2048}}
+    runtime: {{num_thread: 1}}
+""")
+    d = Daemon(cfg, env={"OLLAMA_NUM_PARALLEL": ""})  # empty: the daemon's default
+    try:
+        title: dict[str, Any] = {}
+
+        def ask_title() -> None:
+            title.update(httpx.post(d.url + "/api/generate", timeout=T, json={
+                "model": "m", "prompt": "Generate a title", "stream": False, "options": {"num_predict": 1000}}).json())
+
+        t = threading.Thread(target=ask_title)
+        t.start()
+        # The chat goes only once the title is decoding (the order Open WebUI's requests arrive in).
+        while not any(m["busy"] for m in httpx.get(d.url + "/sidecar/status").json()["models"]):
+            assert t.is_alive()
+        with httpx.stream("POST", d.url + "/api/generate", timeout=T, json={
+                "model": "m", "prompt": "hello", "options": {"num_predict": 8}}) as r:
+            chat = [json.loads(ln) for ln in r.iter_lines() if ln]
+        t.join(T)
+        assert title["eval_count"] == 1000 and chat[-1]["done"]
+        assert stamp(chat[-1]) < stamp(title), "the chat waited for the title"
+    finally:
+        d.stop()

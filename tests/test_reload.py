@@ -327,5 +327,5 @@ async def test_apply_diffs_pair_by_pair(home: Path) -> None:
 
     assert rt.apply({}).removed == ["a:1", "b:1"]
     assert rt.loaded_models() == []
-    await asyncio.to_thread(lm.pool.join, 10)
-    assert not lm.pool.alive and rt.engine.weights.count == 0
+    await asyncio.to_thread(lm.batcher.join, 10)
+    assert not lm.batcher.alive and rt.engine.weights.count == 0

@@ -53,7 +53,8 @@ def test_greedy_over_api_equals_direct_llama_cpp(daemon: Daemon, smollm2: Path) 
             final = chunks[-1]
             # /api/chat returns no context; the same prompt through /api/generate does.
             gen = client.generate(model=MODEL, prompt=question, options=options)
-            prompt, output = gen.context[: gen.prompt_eval_count], gen.context[gen.prompt_eval_count :]
+            cut = len(gen.context) - gen.eval_count  # prompt_eval_count skips the cached prompt tokens
+            prompt, output = gen.context[:cut], gen.context[cut:]
             assert output == direct_greedy(smollm2, prompt, 96)
             assert "".join(c.message.content for c in chunks) == gen.response
             assert final.eval_count == len(output)

@@ -119,8 +119,8 @@ class LoadSettings(Strict):
 class Runtime(LoadSettings):
     """The target's load settings, plus how many requests it serves at once.
 
-    `num_parallel` overrides OLLAMA_NUM_PARALLEL for this target: that many contexts (each with
-    its own KV cache of num_ctx tokens, and its own draft context) over the one mapped GGUF."""
+    `num_parallel` overrides OLLAMA_NUM_PARALLEL for this target: that many sequences decoded in
+    one batch, each on a KV stream of num_ctx positions of the one context (and of the draft's)."""
 
     num_parallel: int | None = Field(None, ge=1, le=64)
 

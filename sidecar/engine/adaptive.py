@@ -25,6 +25,20 @@ from sidecar.engine.llama import Context
 
 
 @dataclass(frozen=True)
+class Step:
+    """The rest of the step a sequence's round joins (engine.step): the sequence's own id, the rows
+    the other sequences put in it as (sequence id, rows), and the tokens they are expected to make.
+    A lone sequence's step is empty."""
+
+    seq: int = 0
+    rows: tuple[tuple[int, int], ...] = ()
+    tokens: float = 0.0
+
+
+ALONE = Step()
+
+
+@dataclass(frozen=True)
 class SpeculativeConfig:
     """Per-pair speculation settings; defaults were measured with bench/bench_spec.py on 2 CPU cores."""
 
@@ -97,17 +111,57 @@ class CostModel:
             ev[0] *= factor
             ev[1] *= factor
 
-    def added(self, n: int, base: int = 0) -> float:
-        """Seconds that n rows add to a decode already holding `base` rows: t_step(base + n) -
-        t_step(base), so a sequence is priced by what it adds to a shared step (t_step(0) = 0). A
-        step wider than the measured curve is extrapolated along its last slope."""
+    def _at(self, m: int) -> float:
+        """Seconds of one pass over m rows; wider than the measured curve: along its last slope."""
         t = self.t_step
         last = len(t) - 1
+        return t[m] if m <= last else t[last] + (m - last) * (t[last] - t[last - 1])
 
-        def at(m: int) -> float:
-            return t[m] if m <= last else t[last] + (m - last) * (t[last] - t[last - 1])
+    def batch(self, rows: Sequence[tuple[int, int]]) -> float:
+        """Seconds of one decode holding several sequences' rows, `rows` as (sequence id, rows), in
+        the cheaper of its two layouts (`padded`)."""
+        return min(self._split(rows), self._padded(rows))
 
-        return at(base + n) - at(base) if base else at(n)
+    def padded(self, rows: Sequence[tuple[int, int]]) -> bool:
+        """Whether the decode is cheaper with every sequence's rows padded to the widest of its run
+        of consecutive ids, so each run is one pass (pad rows are copies of a sequence's pending
+        token, never read and rolled back: engine.sequence). Where rows cost little next to a pass
+        (a GPU) it is; on a CPU, where each row costs about as much as the pass's fixed part, a
+        lone draft is cheaper in a pass of its own."""
+        return self._padded(rows) < self._split(rows)
+
+    def _split(self, rows: Sequence[tuple[int, int]]) -> float:
+        """Each sequence has a KV stream of its own (engine.llama.Context), and llama.cpp splits such
+        a batch into passes (llama_batch_allocr::split_equal, sequential): a pass takes a run of
+        consecutive sequence ids from the lowest one left and the same number of rows from each
+        (the fewest any of them has left). So four plain rows on sequences 0-3 are one pass of 4,
+        rows 9 and 1 are a pass of 2 and one of 8, and sequences 0 and 2 are two passes of 1."""
+        left = {s: n for s, n in rows if n > 0}
+        total = 0.0
+        while left:
+            ids = sorted(left)
+            run = [ids[0]]
+            for s in ids[1:]:
+                if s != run[-1] + 1:
+                    break
+                run.append(s)
+            m = min(left[s] for s in run)
+            total += self._at(m * len(run))
+            for s in run:
+                left[s] -= m
+                if not left[s]:
+                    del left[s]
+        return total
+
+    def _padded(self, rows: Sequence[tuple[int, int]]) -> float:
+        return sum(self._at(max(n for _, n in run) * len(run)) for run in runs(rows))
+
+    def added(self, n: int, step: Step | None = None) -> float:
+        """Seconds that n rows add to a decode the other sequences of `step` already fill (see
+        `batch`): a sequence is priced by what it adds to a shared step. Alone: t_step(n)."""
+        if step is None or not step.rows:
+            return self._at(n)
+        return self.batch((*step.rows, (step.seq, n))) - self.batch(step.rows)
 
     def observe_acceptance(self, key: tuple[str, int], drafted: int, accepted: int) -> None:
         ev = self.evidence.setdefault(key, [0.0, 0.0])
@@ -387,6 +441,17 @@ def _interpolated(known: dict[int, float], n: int) -> list[float]:
 def _noisy(samples: dict[int, list[float]], spread: float = 1.3) -> bool:
     """Whether repetitions of one size disagree by more than `spread` (a machine busy meanwhile)."""
     return any(len(v) >= 2 and max(v) > spread * min(v) for v in samples.values())
+
+
+def runs(rows: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """(sequence id, rows) grouped into runs of consecutive ids, in id order."""
+    out: list[list[tuple[int, int]]] = []
+    for s, n in sorted(r for r in rows if r[1] > 0):
+        if out and s == out[-1][-1][0] + 1:
+            out[-1].append((s, n))
+        else:
+            out.append([(s, n)])
+    return out
 
 
 def expected_tokens(a: float, k: int) -> float:

@@ -41,6 +41,5 @@ class Decoder:
         """Yield text pieces as they are final, then one Result; with `logprobs`, a Logprobs item
         before the text of the tokens it describes."""
         target = self.target
-        seq = Sequence(target.weights, target.n_ctx, target.n_batch, req, self.drafter, self.config, self.cost,
-                       cancelled)
-        yield from StepLoop(target).run(seq)
+        yield from StepLoop(target).run(req.prompt, lambda _: Sequence(
+            target.weights, target.n_ctx, target.n_batch, req, self.drafter, self.config, self.cost, cancelled))

@@ -33,7 +33,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from sidecar.engine.grammar import Grammar
-from sidecar.engine.llama import Context, ContextFull
+from sidecar.engine.llama import Context, ContextFull, SeqView
 from sidecar.engine.sampling import Sampler
 
 
@@ -207,7 +207,7 @@ class ModelDrafter:
     name = "model"
     has_cost = True
 
-    def __init__(self, ctx: Context, p_min: float = 0.0) -> None:
+    def __init__(self, ctx: Context | SeqView, p_min: float = 0.0) -> None:
         self.ctx = ctx
         self.p_min = p_min
         self._sampler: Sampler | None = None
@@ -218,48 +218,7 @@ class ModelDrafter:
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
         if max_tokens <= 0:  # the planner's look: one class (how well a model drafts shows in its acceptance)
             return Proposal(support=Support(), lag=len(context) - 1 - self._reusable(context))
-        assert self._sampler is not None, "begin() first"
-        t0 = time.perf_counter()
-        ctx, sampler = self.ctx, self._sampler
-        keep = self._reusable(context)
-        ctx.truncate(keep)
-        history = list(context)
-        tokens: list[int] = []
-        qs: list[np.ndarray] = []
-        walker = grammar.clone() if grammar is not None else None
-        try:
-            caught_up = len(context) - 1 - keep
-            if caught_up:
-                ctx.prefill(context[keep:-1])
-            if caught_up > 2:
-                # A catch-up after target-only stretches is a one-off, timed apart. The token or
-                # two missed after a fully accepted round recur, so they count as drafting cost.
-                ctx.synchronize()
-                t_steps = time.perf_counter()
-            else:
-                t_steps, caught_up = t0, 0
-            logits = ctx.decode([context[-1]], rows=[0])[0]
-            for i in range(max_tokens):
-                q = sampler.probs(logits, history, walker)
-                if self.p_min > 0.0 and float(q.max()) < self.p_min:
-                    break
-                tok = sampler.draw(q)
-                tokens.append(tok)
-                qs.append(q)
-                history.append(tok)
-                if i + 1 < max_tokens:
-                    if walker is not None:
-                        if ctx.weights.is_eog(tok):
-                            break  # the target stops there; a grammar has no state past the end
-                        walker.accept(tok)
-                    logits = ctx.decode([tok], rows=[0])[0]
-        except ContextFull:
-            t_steps, caught_up = time.perf_counter(), 0
-        finally:
-            if walker is not None:
-                walker.close()
-        now = time.perf_counter()
-        return Proposal(tokens, Support(), qs, now - t0, now - t_steps, caught_up)
+        return propose_together([(self, context, max_tokens, grammar)])[0]
 
     def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
         """Shift the draft's cache as the target's, when it holds the whole stretch that moves.
@@ -278,3 +237,96 @@ class ModelDrafter:
     def _reusable(self, context: Sequence[int]) -> int:
         """Cached positions that match `context`; the last token is always decoded afresh."""
         return min(common_prefix(self.ctx.tokens, context), len(context) - 1)
+
+
+class _Draw:
+    """One sequence's model draft under way (propose_together)."""
+
+    def __init__(self, drafter: ModelDrafter, context: Sequence[int], max_tokens: int,
+                 grammar: Grammar | None) -> None:
+        assert drafter._sampler is not None, "begin() first"
+        self.drafter, self.max_tokens = drafter, max_tokens
+        self.sampler = drafter._sampler
+        self.history = list(context)
+        self.tokens: list[int] = []
+        self.qs: list[np.ndarray] = []
+        self.walker = grammar.clone() if grammar is not None else None
+        ctx = drafter.ctx
+        keep = drafter._reusable(context)
+        ctx.truncate(keep)
+        self.caught_up = len(context) - 1 - keep
+        if self.caught_up:
+            ctx.prefill(context[keep:-1])
+        self.feed: int | None = context[-1]  # the next token to decode; None: done
+
+    def take(self, logits: np.ndarray) -> None:
+        """The draft model's logits for the token just fed: draw the next guess, or stop."""
+        q = self.sampler.probs(logits, self.history, self.walker)
+        self.feed = None
+        if self.drafter.p_min > 0.0 and float(q.max()) < self.drafter.p_min:
+            return
+        tok = self.sampler.draw(q)
+        self.tokens.append(tok)
+        self.qs.append(q)
+        self.history.append(tok)
+        if len(self.tokens) >= self.max_tokens:
+            return
+        if self.walker is not None:
+            if self.drafter.ctx.weights.is_eog(tok):
+                return  # the target stops there; a grammar has no state past the end
+            self.walker.accept(tok)
+        ctx = self.drafter.ctx
+        if len(ctx) + 1 <= ctx.n_ctx:
+            self.feed = tok
+
+    def close(self) -> None:
+        if self.walker is not None:
+            self.walker.close()
+
+
+def propose_together(asks: Sequence[tuple[ModelDrafter, Sequence[int], int, Grammar | None]]) -> list[Proposal]:
+    """Model drafts for several sequences at once: (drafter, context, max_tokens, grammar) each.
+
+    Drafters on streams of one shared draft context (llama.SeqView) decode together, one
+    llama_decode per draft step for every sequence still drafting, as the target's step loop
+    batches their verification (engine.step); each sequence's draft is what it would draft alone.
+    Each drafter first catches its stream up with its context (a catch-up after target-only
+    stretches is a one-off, timed apart; the token or two missed after a fully accepted round
+    recur, so they count as drafting cost). The time is shared out evenly among the drafts."""
+    t0 = time.perf_counter()
+    draws = [_Draw(*ask) for ask in asks]
+    try:
+        caught_up = sum(d.caught_up for d in draws)
+        if caught_up > 2 * len(draws):
+            draws[0].drafter.ctx.synchronize()
+            t_steps = time.perf_counter()
+        else:
+            t_steps = t0
+            for d in draws:
+                d.caught_up = 0
+        live = [d for d in draws if d.feed is not None]
+        while live:
+            for d, logits in zip(live, _decode_draws(live), strict=True):
+                d.take(logits)
+            live = [d for d in live if d.feed is not None]
+    except ContextFull:
+        t_steps = time.perf_counter()
+        for d in draws:
+            d.caught_up = 0
+    finally:
+        for d in draws:
+            d.close()
+    now = time.perf_counter()
+    share = 1.0 / max(1, len(draws))
+    return [Proposal(d.tokens, Support(), d.qs, (now - t0) * share, (now - t_steps) * share, d.caught_up)
+            for d in draws]
+
+
+def _decode_draws(live: Sequence[_Draw]) -> list[np.ndarray]:
+    """Each live draw's fed token, decoded in one llama_decode where their streams share a context."""
+    views = [d.drafter.ctx for d in live]
+    base = views[0].base if isinstance(views[0], SeqView) else None
+    if base is not None and all(isinstance(v, SeqView) and v.base is base for v in views):
+        got = base.decode_many([(v.seq, [d.feed], True) for v, d in zip(views, live, strict=True)])  # type: ignore[union-attr,list-item]
+        return [g[0] for g in got]  # type: ignore[index]
+    return [d.drafter.ctx.decode([d.feed], rows=[0])[0] for d in live]  # type: ignore[list-item]

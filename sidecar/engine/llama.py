@@ -16,7 +16,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import llama_cpp as C
@@ -200,34 +200,53 @@ class Weights:
 
 @dataclass(frozen=True)
 class ContextParams:
-    n_ctx: int = 4096
+    n_ctx: int = 4096  # the window of each sequence
     n_batch: int = 512
     n_threads: int = 0  # 0 = every CPU this process may use
     flash_attn: bool = False  # see README "Losslessness": FA breaks batch invariance on CPU
     type_k: int | None = None  # ggml type ids, None = f16
     type_v: int | None = None
+    n_seq: int = 1  # sequences sharing one unified KV pool of n_seq * n_ctx cells (engine.step batches them)
+
+
+@dataclass
+class _Held:
+    """What one sequence's KV cache holds: `tokens[i]` sits at position i; the first `fresh` are what
+    a prefill of them computes (see Context)."""
+
+    tokens: list[int] = field(default_factory=list)
+    fresh: int = 0
 
 
 class Context:
-    """One KV cache (sequence 0) over shared Weights, plus the tokens it holds.
+    """A KV pool over shared Weights, holding `n_seq` sequences (ids 0..n_seq-1) of up to `n_ctx`
+    positions each, plus the tokens each holds.
 
-    `tokens[i]` is the token whose keys/values sit at position i; `decode` appends, `truncate`
-    rolls back, `shift` drops a stretch and moves what follows down. Logits are copied out of
-    llama.cpp right away because the next decode reuses its buffer.
+    `held(s)[i]` is the token whose keys/values sit at sequence s's position i; `decode` appends,
+    `truncate` rolls back, `shift` drops a stretch and moves what follows down, `copy` gives one
+    sequence another's prefix (llama_memory_seq_cp). Every
+    method names its sequence and defaults to 0, so a one-sequence context reads as before. Logits
+    are copied out of llama.cpp right away because the next decode reuses its buffer.
 
-    `fresh` counts the leading positions whose keys/values are what a prefill of `tokens[:fresh]`
-    would compute. A shift keeps the later tokens' entries, which were computed while the dropped
-    stretch was still there, so they are not: a new prompt may reuse only the fresh prefix, or its
-    output would depend on what earlier requests did to the cache."""
+    With more than one sequence the pool is unified (`kv_unified`): one set of cells that every
+    sequence's positions take from, so a batch of rows from many sequences is one llama_decode
+    (a split pool would cut it into equal-length ubatches, one pass over the weights each).
+
+    `fresh(s)` counts the leading positions whose keys/values are what a prefill of
+    `held(s)[:fresh]` would compute. A shift keeps the later tokens' entries, which were computed
+    while the dropped stretch was still there, so they are not: a new prompt may reuse only the
+    fresh prefix, or its output would depend on what earlier requests did to the cache."""
 
     def __init__(self, weights: Weights, params: ContextParams) -> None:
         self.weights = weights
         self.params = params
+        n_seq = max(1, params.n_seq)
         cp = C.llama_context_default_params()
-        cp.n_ctx = params.n_ctx
+        cp.n_ctx = params.n_ctx * n_seq
         cp.n_batch = params.n_batch
         cp.n_ubatch = params.n_batch
-        cp.n_seq_max = 1
+        cp.n_seq_max = n_seq
+        cp.kv_unified = False  # a stream per sequence: see engine.step, Losslessness
         threads = params.n_threads or default_threads()
         cp.n_threads = threads
         cp.n_threads_batch = threads
@@ -243,37 +262,68 @@ class Context:
         ctx = C.llama_init_from_model(weights.model, cp)
         if not ctx:
             raise EngineError(
-                f"llama.cpp could not create a context of {params.n_ctx} tokens for {weights.path.name}"
+                f"llama.cpp could not create a context of {params.n_ctx} tokens"
+                f"{f' x {n_seq} sequences' if n_seq > 1 else ''} for {weights.path.name}"
             )
         self.ctx = ctx
         self.memory = C.llama_get_memory(ctx)
-        self.n_ctx = int(C.llama_n_ctx(ctx))
+        self.n_seq = n_seq
+        self.n_cells = int(C.llama_n_ctx(ctx))  # the pool
+        self.n_ctx = self.n_cells // n_seq  # each sequence's window
         self.n_batch = int(C.llama_n_batch(ctx))
         self.n_vocab = weights.n_vocab
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)
-        self.tokens: list[int] = []
-        self._fresh = 0
+        self._held = [_Held() for _ in range(n_seq)]
         # Whether positions can be moved in place (attention caches can; recurrent state cannot).
         self.can_shift = bool(C.llama_memory_can_shift(self.memory))
         self._closed = False
 
     @property
+    def tokens(self) -> list[int]:
+        """What sequence 0 holds (a one-sequence context's cache)."""
+        return self._held[0].tokens
+
+    @property
     def fresh(self) -> int:
-        return self._fresh
+        return self._held[0].fresh
+
+    def view(self, seq: int) -> SeqView:
+        """Sequence `seq` with a one-sequence Context's face (a drafter's cache, a calibration's)."""
+        return SeqView(self, seq)
+
+    def held(self, seq: int = 0) -> list[int]:
+        return self._held[seq].tokens
+
+    def fresh_of(self, seq: int = 0) -> int:
+        return self._held[seq].fresh
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def truncate(self, n: int) -> None:
-        """Forget every position from n on (rejected draft tokens, a changed prompt)."""
-        if n >= len(self.tokens):
+    def truncate(self, n: int, seq: int = 0) -> None:
+        """Forget every position of `seq` from n on (rejected draft tokens, a changed prompt)."""
+        h = self._held[seq]
+        if n >= len(h.tokens):
             return
-        if not C.llama_memory_seq_rm(self.memory, 0, n, -1):
-            # Recurrent/hybrid memory cannot drop a partial range; start over.
-            C.llama_memory_clear(self.memory, True)
+        if not C.llama_memory_seq_rm(self.memory, seq, n, -1):
+            # Recurrent/hybrid memory cannot drop a partial range; start that sequence over.
+            C.llama_memory_seq_rm(self.memory, seq, -1, -1)
             n = 0
-        del self.tokens[n:]
-        self._fresh = min(self._fresh, n)
+        del h.tokens[n:]
+        h.fresh = min(h.fresh, n)
+
+    def copy(self, src: int, dst: int, n: int) -> None:
+        """Make `dst` hold `src`'s first n positions (what it held is dropped): a copy of the cells,
+        so the prefix costs no prefill."""
+        s, d = self._held[src], self._held[dst]
+        n = min(n, len(s.tokens))
+        C.llama_memory_seq_rm(self.memory, dst, -1, -1)
+        # Between two streams llama.cpp copies a whole stream (it asserts the range is all of it:
+        # llama_kv_cache::seq_cp), at the next decode; the positions past n are dropped after.
+        C.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
+        C.llama_memory_seq_rm(self.memory, dst, n, -1)
+        d.tokens = s.tokens[:n]
+        d.fresh = min(s.fresh, n)
 
     def set_threads(self, n: int) -> None:
         """Decode with n threads from now on (0: the count the context was made with)."""
@@ -282,84 +332,134 @@ class Context:
 
     def clear(self) -> None:
         C.llama_memory_clear(self.memory, True)
-        self.tokens.clear()
-        self._fresh = 0
+        for h in self._held:
+            h.tokens.clear()
+            h.fresh = 0
 
-    def shift(self, keep: int, discard: int) -> bool:
-        """Forget positions [keep, keep + discard) and move the rest down by `discard` (llama-server's
-        context shift: llama_memory_seq_rm, then llama_memory_seq_add, which re-rotates the moved keys).
+    def shift(self, keep: int, discard: int, seq: int = 0) -> bool:
+        """Forget positions [keep, keep + discard) of `seq` and move the rest down by `discard`
+        (llama-server's context shift: llama_memory_seq_rm, then llama_memory_seq_add, which
+        re-rotates the moved keys).
 
-        Memory that cannot move positions (llama_memory_can_shift false) is rebuilt instead: cleared
-        and prefilled with the shifted tokens, which costs a prefill but gives the same `tokens`.
-        Returns whether the shift happened in place."""
-        n = len(self.tokens)
+        Memory that cannot move positions (llama_memory_can_shift false) is rebuilt instead: the
+        sequence is dropped and prefilled with the shifted tokens, which costs a prefill but gives
+        the same tokens. Returns whether the shift happened in place."""
+        h = self._held[seq]
+        n = len(h.tokens)
         if keep < 0 or discard <= 0 or keep + discard > n:
             raise ValueError(f"cannot drop [{keep}, {keep + discard}) of {n} positions")
-        if not self.can_shift or not C.llama_memory_seq_rm(self.memory, 0, keep, keep + discard):
-            shifted = self.tokens[:keep] + self.tokens[keep + discard :]
-            self.clear()
-            self.prefill(shifted)
+        if not self.can_shift or not C.llama_memory_seq_rm(self.memory, seq, keep, keep + discard):
+            shifted = h.tokens[:keep] + h.tokens[keep + discard :]
+            C.llama_memory_seq_rm(self.memory, seq, -1, -1)
+            h.tokens.clear()
+            h.fresh = 0
+            self.prefill(shifted, seq)
             return False
-        C.llama_memory_seq_add(self.memory, 0, keep + discard, n, -discard)
-        del self.tokens[keep : keep + discard]
-        self._fresh = min(self._fresh, keep)
+        C.llama_memory_seq_add(self.memory, seq, keep + discard, n, -discard)
+        del h.tokens[keep : keep + discard]
+        h.fresh = min(h.fresh, keep)
         return True
 
-    def _decode_chunk(self, tokens: Sequence[int], start: int, want: Sequence[bool]) -> None:
+    def _fill(self, parts: Sequence[tuple[int, Sequence[int], bool]]) -> int:
+        """Write the rows of `parts` ((seq, tokens, logits?)) into the batch; returns the row count."""
         b = self._batch
-        n = len(tokens)
-        for i, tok in enumerate(tokens):
-            b.token[i] = tok
-            b.pos[i] = start + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = want[i]
-        b.n_tokens = n
-        rc = C.llama_decode(self.ctx, b)
+        i = 0
+        for seq, tokens, want in parts:
+            start = len(self._held[seq].tokens)
+            for j, tok in enumerate(tokens):
+                b.token[i] = tok
+                b.pos[i] = start + j
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = seq
+                b.logits[i] = want
+                i += 1
+        b.n_tokens = i
+        return i
+
+    def _run(self, parts: Sequence[tuple[int, Sequence[int], bool]]) -> None:
+        n = self._fill(parts)
+        rc = C.llama_decode(self.ctx, self._batch)
         if rc == 1:
-            raise ContextFull(f"no room in the context ({self.n_ctx} tokens) for {n} more")
+            raise ContextFull(f"no room in the context ({self.n_cells} cells) for {n} more")
         if rc != 0:
-            # Whatever was written past `start` is unreliable now.
-            C.llama_memory_seq_rm(self.memory, 0, start, -1)
+            # Whatever was written past each sequence's end is unreliable now.
+            for seq, _, _ in parts:
+                C.llama_memory_seq_rm(self.memory, seq, len(self._held[seq].tokens), -1)
             raise EngineError(f"llama_decode failed with code {rc}")
+        for seq, tokens, _ in parts:
+            self._extend(seq, tokens)
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        """Append tokens without asking for logits, in n_batch chunks.
+    def prefill(self, tokens: Sequence[int], seq: int = 0) -> None:
+        """Append tokens to `seq` without asking for logits, in n_batch chunks.
 
-        The chunking is a pure function of (len(self.tokens), tokens), so two paths that prefill
+        The chunking is a pure function of (len(held(seq)), tokens), so two paths that prefill
         the same prompt from the same state see bit-identical KV."""
-        if len(self.tokens) + len(tokens) > self.n_ctx:
-            raise ContextFull(f"{len(self.tokens) + len(tokens)} tokens do not fit in {self.n_ctx}")
+        have = len(self._held[seq].tokens)
+        if have + len(tokens) > self.n_ctx:
+            raise ContextFull(f"{have + len(tokens)} tokens do not fit in {self.n_ctx}")
         for off in range(0, len(tokens), self.n_batch):
-            chunk = tokens[off : off + self.n_batch]
-            self._decode_chunk(chunk, len(self.tokens), [False] * len(chunk))
-            self._extend(chunk)
+            self._run([(seq, tokens[off : off + self.n_batch], False)])
 
-    def decode(self, tokens: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
-        """Append tokens in ONE llama_decode and return the logits of `rows` (default: all).
+    def decode(self, tokens: Sequence[int], rows: Sequence[int] | None = None, seq: int = 0) -> np.ndarray:
+        """Append tokens to `seq` in ONE llama_decode and return the logits of `rows` (default: all).
 
         Returns a (len(rows), n_vocab) float32 copy, rows in batch order. Used for single steps and for verifying a
         draft, so len(tokens) must fit in n_batch."""
         n = len(tokens)
+        if rows is None:
+            return self.decode_many([(seq, tokens, True)])[0]  # type: ignore[return-value]
         if n > self.n_batch:
             raise EngineError(f"batch of {n} exceeds n_batch {self.n_batch}")
-        if len(self.tokens) + n > self.n_ctx:
-            raise ContextFull(f"{len(self.tokens) + n} tokens do not fit in {self.n_ctx}")
-        rows = range(n) if rows is None else sorted(rows)
-        want = [False] * n
+        have = len(self._held[seq].tokens)
+        if have + n > self.n_ctx:
+            raise ContextFull(f"{have + n} tokens do not fit in {self.n_ctx}")
+        rows = sorted(rows)
+        b = self._batch
+        self._fill([(seq, tokens, False)])
         for r in rows:
-            want[r] = True
-        self._decode_chunk(tokens, len(self.tokens), want)
-        self._extend(tokens)
-        ptr = C.llama_get_logits(self.ctx)
-        out = np.ctypeslib.as_array(ptr, shape=(len(rows), self.n_vocab))
-        return out.copy()
+            b.logits[r] = True
+        rc = C.llama_decode(self.ctx, b)
+        if rc == 1:
+            raise ContextFull(f"no room in the context ({self.n_cells} cells) for {n} more")
+        if rc != 0:
+            C.llama_memory_seq_rm(self.memory, seq, have, -1)
+            raise EngineError(f"llama_decode failed with code {rc}")
+        self._extend(seq, tokens)
+        return self._logits(len(rows))
 
-    def _extend(self, tokens: Sequence[int]) -> None:
-        grows = self._fresh == len(self.tokens)  # entries after a shifted stretch stay unfresh
-        self.tokens.extend(tokens)
+    def decode_many(self, parts: Sequence[tuple[int, Sequence[int], bool]]) -> list[np.ndarray | None]:
+        """One llama_decode over several sequences' rows: `parts` is (seq, tokens, logits?) each,
+        at most one part per sequence, appended after what that sequence holds. Returns per part
+        its rows' (len(tokens), n_vocab) logits, or None where none were asked for."""
+        n = sum(len(t) for _, t, _ in parts)
+        if n > self.n_batch:
+            raise EngineError(f"batch of {n} exceeds n_batch {self.n_batch}")
+        for seq, tokens, _ in parts:
+            have = len(self._held[seq].tokens)
+            if have + len(tokens) > self.n_ctx:
+                raise ContextFull(f"{have + len(tokens)} tokens do not fit in {self.n_ctx}")
+        self._run(parts)
+        out = self._logits(sum(len(t) for _, t, want in parts if want))
+        result: list[np.ndarray | None] = []
+        at = 0
+        for _, tokens, want in parts:
+            if want:
+                result.append(out[at : at + len(tokens)])
+                at += len(tokens)
+            else:
+                result.append(None)
+        return result
+
+    def _logits(self, rows: int) -> np.ndarray:
+        ptr = C.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab)).copy()
+
+    def _extend(self, seq: int, tokens: Sequence[int]) -> None:
+        h = self._held[seq]
+        grows = h.fresh == len(h.tokens)  # entries after a shifted stretch stay unfresh
+        h.tokens.extend(tokens)
         if grows:
-            self._fresh = len(self.tokens)
+            h.fresh = len(h.tokens)
 
     def synchronize(self) -> None:
         """Wait until queued work is done. On a GPU llama_decode can return before the device
@@ -371,3 +471,46 @@ class Context:
             self._closed = True
             C.llama_batch_free(self._batch)
             C.llama_free(self.ctx)
+
+
+class SeqView:
+    """One sequence of a shared Context, used as a one-sequence Context is: a model drafter drafts
+    on its stream of the draft context, a calibration times decodes on a free stream."""
+
+    def __init__(self, ctx: Context, seq: int) -> None:
+        self.base, self.seq = ctx, seq
+        self.weights, self.params = ctx.weights, ctx.params
+        self.n_ctx, self.n_batch, self.n_vocab = ctx.n_ctx, ctx.n_batch, ctx.n_vocab
+        self.n_threads, self.can_shift = ctx.n_threads, ctx.can_shift
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.base.held(self.seq)
+
+    @property
+    def fresh(self) -> int:
+        return self.base.fresh_of(self.seq)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def truncate(self, n: int) -> None:
+        self.base.truncate(n, self.seq)
+
+    def clear(self) -> None:
+        self.base.truncate(0, self.seq)
+
+    def shift(self, keep: int, discard: int) -> bool:
+        return self.base.shift(keep, discard, self.seq)
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        self.base.prefill(tokens, self.seq)
+
+    def decode(self, tokens: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
+        return self.base.decode(tokens, rows, self.seq)
+
+    def set_threads(self, n: int) -> None:
+        self.base.set_threads(n)
+
+    def synchronize(self) -> None:
+        self.base.synchronize()

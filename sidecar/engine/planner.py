@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig, expected_tokens, round_seconds
+from sidecar.engine.adaptive import ALONE, CostModel, SpeculativeConfig, Step, expected_tokens, round_seconds
 from sidecar.engine.drafters import Support
 
 
@@ -159,6 +159,10 @@ class Plan:
         """Whether plain steps run at full speed again: two since the last batch (see t_switch)."""
         return self._since_batch >= 2
 
+    def expected(self, rnd: Round) -> float:
+        """Tokens a round is expected to emit (1 for a plain step)."""
+        return self._expected(rnd.source, rnd.support, rnd.k)[rnd.k] if rnd.k else 1.0
+
     def acceptance(self, rnd: Round) -> float:
         """Per-position acceptance expected of a round's draft (its support class)."""
         return self._acceptance(rnd.source, rnd.support)
@@ -181,18 +185,23 @@ class Plan:
             out.append(out[-1] + holds)
         return out
 
-    def _rows_cost(self, n: int, base: int) -> float:
-        """Seconds n rows add to a step that holds `base` rows of other sequences: less when the
-        last decode had that shape (CostModel.t_same)."""
+    def _rows_cost(self, n: int, step: Step) -> float:
+        """Seconds n rows add to a step the other sequences of `step` fill: less when a lone
+        sequence's last decode had that shape (CostModel.t_same)."""
         same = self.cost.t_same
-        if same and base == 0 and n == self._prev_rows:
+        if same and not step.rows and n == self._prev_rows:
             return same[n]
-        return self.cost.added(n, base)
+        return self.cost.added(n, step)
 
-    def _best(self, i: int, support: Support, k_cap: int, pad_cap: int, base: int = 0
+    def _best(self, i: int, support: Support, k_cap: int, pad_cap: int, step: Step = ALONE
               ) -> tuple[int, int, float, float]:
         """Source i's best draft length and batch rows, the round's expected tokens per second and
         the rate it is ranked by; k = 0 when no draft beats plain decoding.
+
+        Inside a shared step the rate is the step's: every sequence's expected tokens over the
+        step's seconds (the others' rows and tokens come in `step`), so a draft is worth its rows
+        only while it adds more tokens than it slows every other sequence down; alone, it is the
+        round's own rate.
 
         Starting to draft takes a predicted gain of `min_gain`, staying on (the same source and
         class as the last round) only beats plain: the estimates are noisy, and a pair right at
@@ -208,7 +217,8 @@ class Plan:
         if t[1] <= 0:
             return 0, 1, 0.0, 0.0
         src = self.sources[i]
-        plain = 1.0 / cost.added(1, base)
+        shared, others = cost.batch(step.rows), step.tokens
+        plain = (others + 1.0) / (shared + cost.added(1, step))
         need = (1.0 if self._last == self._key(i, support) else self.config.min_gain) * plain
         t_d = cost.t_draft if src.has_cost else 0.0
         switch = cost.t_switch if self._warm else 0.0  # a batch now costs the warm plain steps
@@ -221,7 +231,8 @@ class Plan:
                 continue
             e = expected[k]
             for n in (k + 1, stretch) if stretch > k + 1 and stretch - 1 <= pad_cap else (k + 1,):
-                rate = e / round_seconds(k, t_d, self._rows_cost(n, base), switch)
+                seconds = round_seconds(k, t_d, self._rows_cost(n, step), switch)
+                rate = (others + e) / (shared + seconds)
                 if rate <= need:
                     continue
                 # Inside a stretch the round's own price ranks; a stretch's first round sets its shape.
@@ -242,11 +253,11 @@ class Plan:
         probe = t[k + 1] - t[1] + self.cost.t_switch + lag * self.cost.t_catchup + k * self.cost.t_draft
         return probe <= self.config.probe_budget * self.probing.idle * t[1]
 
-    def decide(self, produced: int, remaining: float, room: int, base: int = 0) -> Round:
+    def decide(self, produced: int, remaining: float, room: int, step: Step = ALONE) -> Round:
         """This round: from which source to draft how many tokens, and the rows to decode.
 
-        `produced` tokens so far, `remaining` at most to go, `room` left in the window; `base` rows
-        that other sequences put in the same step (a lone sequence: 0)."""
+        `produced` tokens so far, `remaining` at most to go, `room` left in the window; `step`, the
+        rest of the decode this round joins (what the other sequences put in it)."""
         c = self.config
         if not self.enabled:
             return PLAIN
@@ -268,20 +279,21 @@ class Plan:
         best, best_rank = PLAIN, 0.0
         for i in ready:  # the first of equals: the configured order
             support = supports[i]
-            ki, rows, rate, rank = self._best(i, support, k_cap, min(room, len(self.cost.t_step) - 2), base)
+            ki, rows, rate, rank = self._best(i, support, k_cap, min(room, len(self.cost.t_step) - 2), step)
             # A model draft must first prefill what it missed; starting pays only if the time the
             # gain saves over the tokens still to come (at most `horizon`) covers that. It gains
             # only where the free sources would not have drafted: the share of this request's
             # tokens that plain steps produced (a copying request's is small).
             if ki and self.sources[i].has_cost and self._last != self._key(i, support):
                 share = 1.0 - self.tally.free_tokens / produced if produced >= 32 else 1.0
-                saved = min(remaining, c.horizon) * share * (self.cost.added(1, base) - 1.0 / rate)
+                plain = (step.tokens + 1.0) / (self.cost.batch(step.rows) + self.cost.added(1, step))
+                saved = min(remaining, c.horizon) * share * (1.0 / plain - 1.0 / rate)
                 if saved < self.sources[i].lag() * self.cost.t_catchup:
                     ki = 0
             if ki and self.sources[i].has_cost:
                 # Against the other sources, this round pays the catch-up of what they drafted
                 # while the model sat out: a copying stretch stays with the free source.
-                seconds = round_seconds(ki, self.cost.t_draft, self._rows_cost(rows, base))
+                seconds = round_seconds(ki, self.cost.t_draft, self._rows_cost(rows, step))
                 rank *= seconds / (seconds + self.sources[i].lag() * self.cost.t_catchup)
             if ki and rank > best_rank:
                 best, best_rank = Round(i, ki, rows, support), rank
@@ -319,17 +331,19 @@ class Plan:
         return plain
 
     def record(self, rnd: Round, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,
-               produced: int, step_seconds: float | None = None, caught_up: int = 0, rows: int = 0) -> None:
+               produced: int, step_seconds: float | None = None, caught_up: int = 0, rows: int = 0,
+               observe: bool = True) -> None:
         """Account one round as decided (`rnd`) and as it went: `drafted` tokens (0: a plain step;
         a drafter may propose fewer than rnd.k), `accepted` of them. step_seconds: drafting without
         catch-up, which prefilled `caught_up` tokens. rows: the batch decoded (drafted + 1 unless
-        padded)."""
+        padded). observe: `verify_seconds` timed these rows alone (in a shared step it timed the
+        other sequences' rows too, and teaches the cost model nothing)."""
         rows = rows or drafted + 1
         warm = self._warm
         same = rows == self._prev_rows
         self._since_batch = self._since_batch + 1 if drafted == 0 else 0
         self._prev_rows = rows
-        if drafted or warm:  # the plain steps just after a batch are t_switch's, not t_step[1]'s
+        if observe and (drafted or warm):  # the plain steps just after a batch are t_switch's, not t_step[1]'s
             self.cost.observe_step(rows, verify_seconds, same)
         if step_seconds is not None:
             self.cost.observe_catchup(caught_up, draft_seconds - step_seconds)

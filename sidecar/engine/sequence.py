@@ -47,14 +47,14 @@ of the finished request (`finish`), speculative or not, so a cross-request cache
 from __future__ import annotations
 
 import time
-from collections import abc, deque
+from collections import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig
-from sidecar.engine.drafters import Proposal, common_prefix
+from sidecar.engine.adaptive import ALONE, CostModel, SpeculativeConfig, Step
+from sidecar.engine.drafters import ModelDrafter, Proposal, common_prefix
 from sidecar.engine.grammar import Grammar
 from sidecar.engine.hybrid import HybridDrafter
 from sidecar.engine.llama import EngineError, Weights
@@ -93,6 +93,7 @@ class Result:
     fallback: str | None = None
     drafter: str | None = None
     prompt_truncated: int = 0  # prompt tokens dropped to fit the window (prompt_tokens counts the rest)
+    prompt_cached: int = 0  # prompt tokens whose KV was reused, not evaluated (prompt_tokens counts them too)
     shifts: int = 0  # context shifts during generation
 
 
@@ -128,6 +129,17 @@ class Rows:
     shift: tuple[int, int] | None = None
 
 
+@dataclass(frozen=True)
+class Ask:
+    """A model draft a round needs before its rows: drafted for every sequence of a step at once
+    (drafters.propose_together)."""
+
+    drafter: ModelDrafter
+    context: list[int]
+    k: int
+    grammar: Grammar | None
+
+
 @dataclass
 class _Pending:
     """The round between `rows` and `take`: its decision, draft and the proposal behind it."""
@@ -136,6 +148,7 @@ class _Pending:
     draft: list[int]
     proposal: Proposal
     batch: int
+    step: Step  # the rest of the decode it joined
 
 
 class Sequence:
@@ -184,10 +197,11 @@ class Sequence:
         self.result = Result(prompt_tokens=len(prompt), prompt_truncated=len(req.prompt) - len(prompt))
         self._t0 = time.perf_counter()
         keep = min(common_prefix(cached, prompt), fresh, len(prompt) - 1)
-        rest = prompt[keep:-1]
-        # The chunking is a pure function of (keep, prompt), so two paths that prefill the same
-        # prompt from the same state see bit-identical KV (as llama.Context.prefill chunks).
-        self._chunks = deque(rest[off : off + self.n_batch] for off in range(0, len(rest), self.n_batch))
+        self.result.prompt_cached = keep
+        # What is left to prefill, in chunks of at most n_batch from `keep` on (as
+        # llama.Context.prefill chunks); a shared step may take less of it at a time (`rows`).
+        self._rest = prompt[keep:-1]
+        self._taking = 0
         self.kv_len = keep
         self.sampler = Sampler(req.sampling, self.weights.n_vocab, self.n_ctx)
         self.tokens = list(prompt)  # committed and in the window; tokens[-1] is pending (not in the KV cache yet)
@@ -204,19 +218,34 @@ class Sequence:
         self.pending: list[TokenLogprob] = []  # logprobs of tokens whose text is not out yet
         self.limit = req.num_predict if req.num_predict >= 0 else float("inf")
         self._round: _Pending | None = None
-        if not self._chunks:
+        self._asked: tuple[Round, Step, tuple[int, int] | None] | None = None
+        self.expect = 1.0  # tokens the round asked for is expected to emit
+        if not self._rest:
             self._prefilled()
         return keep
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether the prompt is still being prefilled (its rows carry no logits)."""
+        return bool(self._rest)
 
     def _prefilled(self) -> None:
         self.result.prompt_seconds = time.perf_counter() - self._t0
         self._t_gen = time.perf_counter()
 
     # -- a step --------------------------------------------------------------------------------
-    def rows(self) -> Rows | None:
-        """The rows to score next; None once the sequence is done (then `finish`)."""
-        if self._chunks:
-            return Rows(self._chunks[0], logits=False)
+    def rows(self, step: Step = ALONE, budget: int | None = None) -> Rows | Ask | None:
+        """The rows to score next; None once the sequence is done (then `finish`). Where the round
+        drafts from a model, an `Ask` for that draft instead: the step loop drafts for every
+        sequence at once and hands the draft back (`drafted`), which gives the rows.
+
+        `step` is the rest of the decode these rows join (the planner prices a draft by what it
+        adds to it); `budget` caps a prefill chunk, so a long prompt comes in a bit per step
+        while other sequences keep their pace."""
+        if self._rest:
+            n = min(len(self._rest), self.n_batch, budget or self.n_batch)
+            self._taking = n
+            return Rows(self._rest[:n], logits=False)
         if self.done is not None:
             return None
         if self.cancelled():
@@ -232,13 +261,31 @@ class Sequence:
         room = self.n_ctx - self.kv_len - 1
         tokens, out, drafter = self.tokens, self.result.tokens, self.drafter
         live = self.grammar if self.trigger is None or self.trigger.fired else None
-        rnd = self.plan.decide(len(out), self.limit - len(out), room)
-        proposal = drafter.propose(rnd.source, tokens, rnd.k, live) if rnd.k > 0 and drafter else Proposal()
+        rnd = self.plan.decide(len(out), self.limit - len(out), room, step)
+        self.expect = self.plan.expected(rnd)
+        if rnd.k > 0 and drafter:
+            source = drafter.sources[rnd.source]
+            if isinstance(source, ModelDrafter):  # drafted with the other sequences' (engine.step)
+                self._asked = (rnd, step, shift)
+                return Ask(source, tokens, rnd.k, live)
+            proposal = drafter.propose(rnd.source, tokens, rnd.k, live)
+        else:
+            proposal = Proposal()
+        return self._rows(rnd, proposal, step, shift)
+
+    def drafted(self, proposal: Proposal) -> Rows:
+        """The rows for the round `rows` asked a model draft for (an `Ask`), now drafted."""
+        assert self._asked is not None
+        (rnd, step, shift), self._asked = self._asked, None
+        return self._rows(rnd, proposal, step, shift)
+
+    def _rows(self, rnd: Round, proposal: Proposal, step: Step, shift: tuple[int, int] | None) -> Rows:
+        tokens = self.tokens
         draft = proposal.tokens[: rnd.k]
         batch = [tokens[-1], *draft]
         if draft and rnd.rows > len(batch):  # the stretch's shape (see the module docstring)
             batch += [tokens[-1]] * (rnd.rows - len(batch))
-        self._round = _Pending(rnd, draft, proposal, len(batch))
+        self._round = _Pending(rnd, draft, proposal, len(batch), step)
         return Rows(batch, shift=shift)
 
     def full(self) -> None:
@@ -246,17 +293,23 @@ class Sequence:
         self._round = None
         self.done = "length"
 
-    def take(self, logits: np.ndarray | None, seconds: float = 0.0) -> list[Item]:
+    def take(self, logits: np.ndarray | None, seconds: float = 0.0, alone: bool = True) -> list[Item]:
         """The rows' logits (None for a prefill chunk) and the seconds their decode took: verify,
-        commit and return the output they make final."""
-        if self._chunks:
-            self.kv_len += len(self._chunks.popleft())
-            if not self._chunks:
+        commit and return the output they make final. `alone`: the decode held these rows only,
+        so its seconds are theirs and the cost model learns from them."""
+        if self._rest:
+            del self._rest[: self._taking]
+            self.kv_len += self._taking
+            if not self._rest:
                 self._prefilled()
             return []
         assert logits is not None and self._round is not None
         pending, self._round = self._round, None
         draft, proposal = pending.draft, pending.proposal
+        if not alone:  # its share of the shared decode, by what its rows add to the others'
+            total = self.cost.batch((*pending.step.rows, (pending.step.seq, pending.batch)))
+            if total > 0:
+                seconds *= self.cost.added(pending.batch, pending.step) / total
         tokens, history, out = self.tokens, self.history, self.result.tokens
         sampler, grammar, trigger, text_of = self.sampler, self.grammar, self.trigger, self.text_of
         window = sampler.history_window
@@ -277,7 +330,7 @@ class Sequence:
             states.close()
         self.kv_len = len(tokens) + m  # keep the pending token and the accepted drafts
         self.plan.record(pending.round, len(draft), m, proposal.seconds, seconds, len(out),
-                         proposal.step_seconds, proposal.caught_up, pending.batch)
+                         proposal.step_seconds, proposal.caught_up, pending.batch, observe=alone)
         items: list[Item] = []
         for row, tok in enumerate((*draft[:m], nxt)):
             if self.weights.is_eog(tok):

@@ -1,47 +1,263 @@
 """The step loop: the one place that decodes on a target's llama.cpp context.
 
-Each step asks a sequence (engine.sequence) for the rows it needs scored, applies the KV cache
-changes it asks for (keep its first `kv_len` positions, shift a full window), decodes the rows in
-one llama_decode, and hands the logits back with the seconds the decode took. The sequence never
-touches the context, so the same sequence can be stepped inside a batch of many.
+A target context holds `n_seq` sequences, each on a KV stream of its own (engine.llama.Context).
+`StepLoop` runs every sequence admitted to it together: each `step` asks each running sequence
+(engine.sequence) for the rows it needs scored, applies the KV cache changes it asks for (keep its
+first `kv_len` positions, shift a full window), decodes every sequence's rows in ONE llama_decode,
+and hands each sequence its logits back. A sequence never touches the context, so one sequence
+alone and one among many run the same code.
+
+What a step holds:
+- A decoding sequence's rows: its pending token, plus the draft its planner priced for this step
+  (engine.planner, `Step`): in id order, each sequence sees the rows the others put in the step
+  (those before it as decided, those after it as plain rows), so a draft is taken only where it
+  adds more tokens than it slows the whole step down, and drafts shrink as the batch fills.
+- Model drafts for those rows: every sequence whose round drafts from a draft model gets its draft
+  from its own stream of the pair's one draft context, all in one llama_decode per draft step
+  (drafters.propose_together).
+- A chunk of any prompt being prefilled. While other sequences decode, the chunk is cut so that
+  it adds at most `PREFILL_SHARE` times what their rows cost, so running streams keep their pace
+  while a long prompt comes in (chunked prefill); alone, a prompt goes in n_batch chunks.
+
+Losslessness: each sequence's stream starts at cell 0 and holds only its own positions, so its
+rows read the same cells in the same order as when it runs alone, and llama.cpp's CPU kernels
+score a row independently of the rows beside it (README, Losslessness). A unified pool would put
+a sequence's cells wherever the others left room, which changes its logits (measured: up to 0.64
+on SmolLM2), so greedy output would part from the target alone.
+
+The prefix cache: a finished sequence's stream keeps what it held. A new sequence goes to the free
+stream that holds the most of its prompt when that is at least half of what the stream holds (the
+same conversation one turn later); otherwise to the stream used least recently, so a short side
+request (a title, tags) does not evict the conversation it sits beside. If another stream, busy or
+free, holds more of the prompt, its prefix is copied over (llama_memory_seq_cp) instead of
+prefilled: two clients with one long system prompt.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Iterator
+from collections import abc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
-from sidecar.engine.llama import Context, ContextFull
-from sidecar.engine.sequence import Item, Sequence
+from sidecar.engine.adaptive import Step, runs
+from sidecar.engine.drafters import common_prefix, propose_together
+from sidecar.engine.llama import Context, SeqView
+from sidecar.engine.sequence import Ask, Item, Rows, Sequence
+
+PREFILL_SHARE = 2.0  # a prefill chunk may add this many times the decoding rows' cost to a step
+MIN_CHUNK = 16  # ... but never fewer tokens than this, so a prompt always comes in
+MIN_COPY = 16  # a prefix shorter than this is prefilled rather than copied
+
+
+@dataclass
+class Stats:
+    """What the loop has done, for /metrics and /api/ps."""
+
+    steps: int = 0
+    rows: int = 0  # rows decoded, over all steps
+    cached_tokens: int = 0  # prompt tokens reused from a stream's cache instead of prefilled
+    copied_tokens: int = 0  # ... of which copied from another stream
 
 
 class StepLoop:
-    """Steps sequences over one target context, which it owns (one thread at a time)."""
+    """Steps the sequences on one target context together; owns the context (one thread at a time)."""
 
     def __init__(self, target: Context) -> None:
         self.target = target
+        self.running: dict[int, Sequence] = {}  # stream id -> its sequence
+        self._clock = itertools.count(1)
+        self._used = [0] * target.n_seq  # when each stream last held a sequence (LRU)
+        self.stats = Stats()
 
-    def run(self, seq: Sequence) -> Iterator[Item]:
-        """Step one sequence to its end: its output as it becomes final, then its Result."""
+    @property
+    def full(self) -> bool:
+        """Whether every stream holds a running sequence."""
+        return len(self.running) >= self.target.n_seq
+
+    def idle_stream(self) -> int | None:
+        """A stream no sequence runs on (a scratch cache for a calibration), least recently used."""
+        free = [s for s in range(self.target.n_seq) if s not in self.running]
+        return min(free, key=lambda s: self._used[s]) if free else None
+
+    def add(self, prompt: abc.Sequence[int], make: Callable[[int], Sequence]) -> Sequence:
+        """Start a sequence for `prompt` on a free stream: `make(stream)` builds it (its drafter is
+        that stream's). Raises what the sequence's start refuses (PromptTooLong, InvalidToken)."""
+        if self.full:
+            raise RuntimeError("no free stream")
+        sid = self._place(prompt)
+        seq = make(sid)
         target = self.target
         try:
-            target.truncate(seq.start(target.tokens, target.fresh))
-            while (rows := seq.rows()) is not None:
-                if rows.shift is not None:
-                    target.shift(*rows.shift)
-                if not rows.logits:
-                    target.prefill(rows.tokens)
-                    seq.take(None)
-                    continue
-                t = time.perf_counter()
-                try:
-                    logits = target.decode(rows.tokens)
-                except ContextFull:
-                    seq.full()
-                    continue
-                seconds = time.perf_counter() - t
-                yield from seq.take(logits, seconds)
-                target.truncate(seq.kv_len)
-            yield from seq.finish()
-        finally:
+            keep = seq.start(target.held(sid), target.fresh_of(sid))
+        except BaseException:
             seq.close()
+            raise
+        target.truncate(keep, sid)
+        self.stats.cached_tokens += keep
+        self.running[sid] = seq
+        self._used[sid] = next(self._clock)
+        return seq
+
+    def _place(self, prompt: abc.Sequence[int]) -> int:
+        """The stream for a new prompt, with the longest cached prefix copied in (module docstring)."""
+        target = self.target
+
+        def match(s: int) -> int:
+            return min(common_prefix(target.held(s), prompt), target.fresh_of(s))
+
+        free = [s for s in range(target.n_seq) if s not in self.running]
+        fits = [s for s in free if 2 * match(s) >= len(target.held(s))]
+        # A stream that holds more of this prompt than of anything else, else the least recently used.
+        sid = max(fits, key=lambda s: (match(s), -s)) if fits else min(free, key=lambda s: self._used[s])
+        have = match(sid)
+        src = max((s for s in range(target.n_seq) if s != sid), key=match, default=None)
+        if src is not None and (got := match(src)) >= max(have + MIN_COPY, MIN_COPY):
+            target.copy(src, sid, got)
+            self.stats.copied_tokens += min(got, len(prompt) - 1)
+        return sid
+
+    def step(self, skip: Callable[[Sequence], bool] = lambda seq: False
+             ) -> list[tuple[Sequence, list[Item] | BaseException]]:
+        """One decode over the running sequences (but those `skip` holds back: a client that reads
+        slowly); returns each one's output. A sequence that is done gives its last output and
+        Result here and leaves; one that failed gives its exception and leaves."""
+        target = self.target
+        out: list[tuple[Sequence, list[Item] | BaseException]] = []
+        ids = [s for s in sorted(self.running) if not skip(self.running[s])]
+        decoding = [s for s in ids if not self.running[s].prefilling]
+        # The rows every sequence puts in the step: decided in id order against the others'.
+        planned: dict[int, int] = {s: 1 for s in decoding}
+        tokens: dict[int, float] = {s: 1.0 for s in decoding}
+
+        def drop(sid: int, got: list[Item] | BaseException | None) -> None:
+            planned.pop(sid, None)
+            tokens.pop(sid, None)
+            if got is not None:
+                out.append((self.running[sid], got))
+                self._leave(sid)
+
+        asked: list[tuple[int, Rows | Ask]] = []
+        for sid in ids:
+            seq = self.running[sid]
+            try:
+                if seq.prefilling:
+                    want = seq.rows(budget=self._chunk(sid, seq, planned) if planned else None)
+                else:
+                    others = tuple((s, n) for s, n in planned.items() if s != sid)
+                    want = seq.rows(Step(sid, others, sum(v for s, v in tokens.items() if s != sid)))
+                    if want is not None:
+                        planned[sid] = len(want.tokens) if isinstance(want, Rows) else want.k + 1
+                        tokens[sid] = seq.expect
+                if want is None:
+                    drop(sid, seq.finish())
+                    continue
+                asked.append((sid, want))
+            except BaseException as e:  # this sequence's failure, not the step's
+                drop(sid, e)
+        parts: list[tuple[int, Rows]] = []
+        for sid, rows in self._drafted(asked, drop):
+            seq = self.running[sid]
+            try:
+                if rows.shift is not None:
+                    target.shift(*rows.shift, seq=sid)
+                if len(target.held(sid)) + len(rows.tokens) > target.n_ctx:
+                    seq.full()
+                    drop(sid, None)
+                    continue
+                parts.append((sid, rows))
+            except BaseException as e:
+                drop(sid, e)
+        if not parts:
+            return out
+        batch = [(sid, list(rows.tokens), rows.logits) for sid, rows in parts]
+        if all(rows.logits for _, rows in parts) and self.running[parts[0][0]].cost.padded(
+                [(sid, len(tokens)) for sid, tokens, _ in batch]):
+            for run in runs([(sid, len(tokens)) for sid, tokens, _ in batch]):
+                width = max(n for _, n in run)
+                for sid, n in run:
+                    tokens = next(t for s, t, _ in batch if s == sid)
+                    tokens += [tokens[0]] * (width - n)  # the pending token again: never read
+        t = time.perf_counter()
+        try:
+            logits = target.decode_many(batch)
+        except BaseException as e:  # the decode failed: every sequence in it fails
+            for sid, _ in parts:
+                out.append((self.running[sid], e))
+                self._leave(sid)
+            return out
+        seconds = time.perf_counter() - t
+        self.stats.steps += 1
+        self.stats.rows += sum(len(rows.tokens) for _, rows in parts)
+        alone = len(parts) == 1
+        for (sid, _), lg in zip(parts, logits, strict=True):
+            seq = self.running[sid]
+            try:
+                items = seq.take(lg, seconds, alone)
+                target.truncate(seq.kv_len, sid)
+            except BaseException as e:
+                out.append((seq, e))
+                self._leave(sid)
+                continue
+            if items:
+                out.append((seq, items))
+        return out
+
+    def _drafted(self, asked: list[tuple[int, Rows | Ask]], drop: Callable[[int, BaseException], None]
+                 ) -> list[tuple[int, Rows]]:
+        """Every sequence's rows: model drafts asked for are drafted together, one batch per
+        draft context (drafters.propose_together)."""
+        asks = [(sid, a) for sid, a in asked if isinstance(a, Ask)]
+        drafted: dict[int, Rows] = {}
+        groups: dict[int, list[tuple[int, Ask]]] = {}
+        for sid, a in asks:
+            ctx = a.drafter.ctx
+            groups.setdefault(id(ctx.base if isinstance(ctx, SeqView) else ctx), []).append((sid, a))
+        for group in groups.values():
+            try:
+                proposals = propose_together([(a.drafter, a.context, a.k, a.grammar) for _, a in group])
+            except BaseException as e:  # the draft context failed: its sequences fail
+                for sid, _ in group:
+                    drop(sid, e)
+                continue
+            for (sid, _), proposal in zip(group, proposals, strict=True):
+                drafted[sid] = self.running[sid].drafted(proposal)
+        return [(sid, a if isinstance(a, Rows) else drafted[sid]) for sid, a in asked
+                if isinstance(a, Rows) or sid in drafted]
+
+    def _chunk(self, sid: int, seq: Sequence, planned: dict[int, int]) -> int:
+        """How much of a prompt a step that others decode in may take (module docstring)."""
+        cost = seq.cost
+        rows = tuple(planned.items())
+        budget = PREFILL_SHARE * cost.batch(rows)
+        if budget <= 0:
+            return seq.n_batch
+        n = MIN_CHUNK
+        step = Step(sid, rows)
+        while n < seq.n_batch and cost.added(2 * n, step) <= budget:
+            n *= 2
+        return n
+
+    def _leave(self, sid: int) -> None:
+        seq = self.running.pop(sid)
+        seq.close()
+        self._used[sid] = next(self._clock)
+
+    def cancel_all(self, error: BaseException) -> list[tuple[Sequence, BaseException]]:
+        """Drop every running sequence (the loop is stopping): each gets `error`."""
+        out = [(self.running[sid], error) for sid in sorted(self.running)]
+        for sid in list(self.running):
+            self._leave(sid)
+        return out
+
+    def run(self, prompt: abc.Sequence[int], make: Callable[[int], Sequence]) -> Iterator[Item]:
+        """Run one sequence alone to its end: its output as it becomes final, then its Result."""
+        seq = self.add(prompt, make)
+        while seq in self.running.values():
+            for s, got in self.step():
+                if s is not seq:
+                    continue
+                if isinstance(got, BaseException):
+                    raise got
+                yield from got

@@ -60,6 +60,7 @@ class GenerationResult(Protocol):
 
     tokens: list[int]
     prompt_tokens: int
+    prompt_cached: int
     draft_tokens: int
     draft_accepted_tokens: int
     draft_rounds: int
@@ -125,11 +126,23 @@ class _RuntimeCollector:
         loaded = GaugeMetricFamily(f"{PREFIX}_model_loaded", "1 for each pair whose models are in memory.",
                                    labels=["model"])
         targets = GaugeMetricFamily(f"{PREFIX}_models_loaded", "Target models (weights + context) in memory.")
+        busy = GaugeMetricFamily(f"{PREFIX}_batch_sequences", "Sequences running in the pair's target's batch.",
+                                 labels=["model"])
+        width = GaugeMetricFamily(f"{PREFIX}_batch_rows_per_step",
+                                  "Mean rows per batched decode of the pair's target since it loaded.",
+                                  labels=["model"])
+        cached = GaugeMetricFamily(f"{PREFIX}_prefix_cache_tokens",
+                                   "Prompt tokens the pair's target took from its prefix cache since it loaded.",
+                                   labels=["model"])
         if rt is not None:
             queue.add_metric([], float(rt.pending))
             pairs = rt.loaded_entries()
-            for entry, _ in pairs:
+            for entry, served in pairs:
                 loaded.add_metric([entry.name], 1.0)
+                st = served.status()
+                busy.add_metric([entry.name], float(st.busy))
+                width.add_metric([entry.name], st.rows / st.steps if st.steps else 0.0)
+                cached.add_metric([entry.name], float(st.cached_tokens))
             targets.add_metric([], float(len({id(lm) for _, lm in pairs})))
         else:
             queue.add_metric([], 0.0)
@@ -137,6 +150,9 @@ class _RuntimeCollector:
         yield queue
         yield loaded
         yield targets
+        yield busy
+        yield width
+        yield cached
 
 
 class Metrics:
@@ -167,6 +183,9 @@ class Metrics:
         self.e2e = Histogram(f"{PREFIX}_e2e_request_latency_seconds", "Request arrival to the final chunk.",
                              ["model"], buckets=E2E_BUCKETS, registry=r)
         self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens processed.", ["model"], registry=r)
+        self.prompt_cached = Counter(f"{PREFIX}_prompt_cached_tokens",
+                                     "Prompt tokens taken from the prefix cache instead of processed.", ["model"],
+                                     registry=r)
         self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated.", ["model"],
                                          registry=r)
         self.num_drafts = Counter(f"{PREFIX}_spec_decode_num_drafts", "Speculative rounds that drafted tokens.",
@@ -225,6 +244,7 @@ class Metrics:
         if e2e is not None:
             self.e2e.labels(m).observe(e2e)
         self.prompt_tokens.labels(m).inc(result.prompt_tokens)
+        self.prompt_cached.labels(m).inc(result.prompt_cached)
         self.generation_tokens.labels(m).inc(len(result.tokens))
         if result.draft_rounds:
             self.num_drafts.labels(m).inc(result.draft_rounds)

@@ -109,7 +109,8 @@ class Outcome:
 
     done_reason: str = "stop"
     tokens: list[int] = field(default_factory=list)  # generated tokens, end-of-generation excluded
-    prompt_tokens: int = 0  # prompt tokens evaluated (after any cut to fit the window)
+    prompt_tokens: int = 0  # prompt tokens evaluated (after any cut to fit the window; cached ones not)
+    prompt_cached: int = 0  # prompt tokens taken from the prefix cache instead of evaluated
     prompt_seconds: float = 0.0
     eval_seconds: float = 0.0
     draft_tokens: int = 0  # drafted
@@ -171,6 +172,10 @@ class ModelStatus:
     cost_curve: str | None = None  # where the verify cost curve came from: cached, measured, provisional
     in_flight: int = 0  # requests running or queued on it (the runtime's count)
     expires_at: float | None = None  # time.time() of its keep_alive expiry; None: never
+    busy: int = 0  # sequences running in its batch right now
+    steps: int = 0  # batched decodes so far
+    rows: int = 0  # rows those decodes held (rows / steps: the batch's mean width)
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of prefilled
 
 
 class Model(Protocol):

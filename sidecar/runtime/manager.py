@@ -3,14 +3,12 @@
 A target model is loaded once however many pairs use it: the engine (runtime.contract.Engine; the
 llama.cpp one is runtime.llamacpp) names what makes two pairs share it, and each pair rides on it
 with its own drafter. Each pair's format (runtime.format) is resolved when its declaration is
-applied. Requests for a target queue in one FIFO and run on the first free slot
-(OLLAMA_NUM_PARALLEL, or the pair's runtime.num_parallel; default 1), so N of them generate at
-once. keep_alive works as in Ollama: each request pushes the model's expiry out, `keep_alive: 0`
-unloads right after the request, negative keeps it forever. A reload (`apply`) swaps the set of
-pairs without disturbing the ones that did not change.
-
-Ollama picks its parallelism automatically from free memory; here it defaults to 1, because every
-slot costs a whole KV cache (and a draft KV cache) and a local daemon mostly serves one client.
+applied. Requests for a target queue in one FIFO and up to N of them generate at once in one
+batch (OLLAMA_NUM_PARALLEL, or the pair's runtime.num_parallel; the daemon's default is 2: the
+conversation and a side request beside it; the engine does the batching). keep_alive works as in
+Ollama: each request pushes the model's expiry out, `keep_alive: 0` unloads right after the
+request, negative keeps it forever. A reload (`apply`) swaps the set of pairs without disturbing
+the ones that did not change.
 """
 
 from __future__ import annotations
@@ -64,7 +62,7 @@ class Runtime:
         self._formats: dict[str, tuple[PairEntry, PairFormat]] = {}
         self.keep_alive = keep_alive
         self.max_queue = max_queue
-        self.num_parallel = num_parallel  # slots per target unless its pair sets runtime.num_parallel
+        self.num_parallel = num_parallel  # sequences per target unless its pair sets runtime.num_parallel
         # Set at the end of a shutdown's drain: every running generation stops at its next step.
         self.halt = threading.Event()
         self._loaded: dict[str, Served] = {}

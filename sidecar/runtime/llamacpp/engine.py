@@ -1,26 +1,26 @@
 """The llama.cpp engine behind the runtime's `Engine` seam (runtime.contract).
 
 Everything that knows llama.cpp lives in this package: the weights mapped once and shared
-(registry), a target's slots and their threads (loading, worker), the measured cost curves kept
-between loads (curves), and the decoder each slot runs (engine.decoder). The runtime sees a
+(registry), a target's context, its step loop and the thread that owns them (loading, worker),
+and the measured cost curves kept between loads (curves). The runtime sees a
 `Model` and a stream of text pieces, logprobs and an `Outcome`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from sidecar.config.entries import PairEntry
 from sidecar.engine.decoder import Logprobs, Request, Result
+from sidecar.engine.sequence import Sequence
 from sidecar.engine.window import truncate_prompt
 from sidecar.runtime.contract import Generation, Logprob, Model, Outcome, Piece, TokenLogprob
 from sidecar.runtime.llamacpp.caches import SuffixCaches
 from sidecar.runtime.llamacpp.curves import CurveCache
-from sidecar.runtime.llamacpp.loading import Loaded, Slot, free_engine, load_pair, load_target, unload
+from sidecar.runtime.llamacpp.loading import Loaded, free_engine, load_pair, load_target, unload
 from sidecar.runtime.llamacpp.registry import WeightsRegistry
-from sidecar.runtime.llamacpp.worker import stream
 
 
 class LlamaEngine:
@@ -61,7 +61,7 @@ class LlamaEngine:
         unload(self.weights, _own(model))
 
     async def join(self, model: Model, timeout: float) -> None:
-        await asyncio.to_thread(_own(model).pool.join, timeout)
+        await asyncio.to_thread(_own(model).batcher.join, timeout)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.caches.save)
@@ -81,24 +81,24 @@ class LlamaEngine:
             preserve=frozenset(lm.weights.special_ids(gen.preserve)),
         )
 
-        def produce(slot: Slot, cancelled: Callable[[], bool]) -> Iterator[Piece]:
+        def make(sid: int, cancelled: Callable[[], bool]) -> Sequence:
             def halted() -> bool:  # the consumer went away, or the runtime says stop
                 return cancelled() or stop()
 
-            for item in pe.decoders[slot.index].generate(req, halted):
+            ctx = lm.ctx
+            return Sequence(lm.weights, ctx.n_ctx, ctx.n_batch, req, pe.drafters[sid], pe.config, pe.cost, halted)
+
+        # Close the inner stream explicitly: an abandoned async generator is only finalised by the
+        # garbage collector, and until then its sequence keeps its place in the batch.
+        items = lm.batcher.stream(req.prompt, make)
+        try:
+            async for item in items:
                 if isinstance(item, Result):
                     yield _outcome(item, _used_prompt(req, item, lm) + item.tokens)
                 elif isinstance(item, Logprobs):
                     yield _logprobs(item)
                 else:
                     yield item
-
-        # Close the inner stream explicitly: an abandoned async generator is only finalised by the
-        # garbage collector, and until then the worker keeps generating.
-        items = stream(lm.pool, produce)
-        try:
-            async for item in items:
-                yield item
         finally:
             await items.aclose()
 
@@ -118,7 +118,8 @@ def _used_prompt(req: Request, result: Result, lm: Loaded) -> list[int]:
 
 def _outcome(r: Result, context: list[int]) -> Outcome:
     return Outcome(
-        done_reason=r.done_reason, tokens=r.tokens, prompt_tokens=r.prompt_tokens, prompt_seconds=r.prompt_seconds,
+        done_reason=r.done_reason, tokens=r.tokens, prompt_tokens=r.prompt_tokens - r.prompt_cached,
+        prompt_cached=r.prompt_cached, prompt_seconds=r.prompt_seconds,
         eval_seconds=r.eval_seconds, draft_tokens=r.draft_tokens, draft_accepted_tokens=r.draft_accepted_tokens,
         draft_rounds=r.draft_rounds, accepted_per_pos=r.accepted_per_pos, drafts_by_source=r.drafts_by_source,
         fallback=r.fallback, drafter=r.drafter, prompt_truncated=r.prompt_truncated, shifts=r.shifts,

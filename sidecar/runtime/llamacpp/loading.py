@@ -1,10 +1,11 @@
 """Putting a target and its pairs' drafters into memory, and taking them out again.
 
-A loaded target (`Loaded`, the engine's `Model`) is one GGUF with N slots: each slot is a llama.cpp
-context with its own KV cache and its own worker thread (worker.Pool). Every pair riding on the target
-adds a `PairEngine`: a decoder per slot, with its drafter (for a model draft, a draft context per
-slot) and one cost model the slots share. Freeing always goes through the slots' own threads,
-behind the jobs already queued there, so a running stream never loses its context under it.
+A loaded target (`Loaded`, the engine's `Model`) is one GGUF with one llama.cpp context: a KV
+stream of `num_ctx` positions per sequence it runs at once (num_parallel), stepped together by one
+thread (worker.Batcher over an engine.step.StepLoop). Every pair riding on the target adds a
+`PairEngine`: a drafter per stream (for a model draft, that stream of one shared draft context)
+and one cost model the streams share. Freeing always goes through the batcher's thread, after the
+requests already queued there, so a running stream never loses its context under it.
 """
 
 from __future__ import annotations
@@ -13,16 +14,16 @@ import asyncio
 import functools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sidecar.config.entries import PairEntry
 from sidecar.config.schema import ModelDraft
 from sidecar.engine.adaptive import CostModel, SpeculativeConfig
-from sidecar.engine.decoder import Decoder
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from sidecar.engine.hybrid import HybridDrafter
-from sidecar.engine.llama import Context, ContextParams, Weights, default_threads, system_info
+from sidecar.engine.llama import Context, ContextParams, SeqView, Weights, default_threads, system_info
+from sidecar.engine.step import StepLoop
 from sidecar.engine.suffix import SuffixDrafter
 from sidecar.pairing.costs import ServedCosts
 from sidecar.pairing.rules import check_pair
@@ -30,7 +31,7 @@ from sidecar.runtime.contract import ModelStatus, Vocabulary
 from sidecar.runtime.llamacpp.caches import SuffixCaches
 from sidecar.runtime.llamacpp.curves import CurveCache, curve_key
 from sidecar.runtime.llamacpp.registry import WeightsRegistry
-from sidecar.runtime.llamacpp.worker import Pool
+from sidecar.runtime.llamacpp.worker import Batcher
 
 log = logging.getLogger("sidecar.runtime")
 
@@ -39,37 +40,33 @@ KV_TYPES = {"f16": None, "q8_0": 8, "q4_0": 2}
 
 @dataclass
 class PairEngine:
-    """What one pair adds on top of its target: per slot a decoder (with its drafter), one cost model."""
+    """What one pair adds on top of its target: a drafter per stream, one cost model, its settings."""
 
-    decoders: list[Decoder]  # decoders[i] runs on slot i's context, on slot i's thread
-    draft_ctxs: list[Context]  # model drafts: draft_ctxs[i] belongs to slot i; empty otherwise
+    drafters: list[HybridDrafter | None]  # drafters[i] drafts for the sequence on stream i
+    config: SpeculativeConfig
+    cost: CostModel
+    draft_ctx: Context | None  # a model draft's context: stream i is drafters[i]'s
     draft_weights: Weights | None
     entry: PairEntry | None = None  # the declaration it was built from; a reload compares against it
 
 
 @dataclass(eq=False)
-class Slot:
-    """One sequence a target can run: a context (KV cache) over the shared weights, owned by one thread."""
-
-    index: int
-    ctx: Context
-
-
-@dataclass(eq=False)
 class Loaded:
-    """A loaded target model: weights, its slots and their threads, and the pairs riding on it."""
+    """A loaded target model: weights, its context and step loop, the thread that owns them, and
+    the pairs riding on it."""
 
     weights: Weights
-    slots: list[Slot]
-    pool: Pool[Slot]
+    ctx: Context
+    loop: StepLoop
+    batcher: Batcher
     pairs: dict[str, PairEngine] = field(default_factory=dict)
     calibrated: CostModel | None = None
     curve: str | None = None  # where the verify curve came from: cached, measured, provisional
 
     @property
     def n_ctx(self) -> int:
-        """The context length of each slot (every slot has the same)."""
-        return self.slots[0].ctx.n_ctx
+        """The context window of each sequence."""
+        return self.ctx.n_ctx
 
     def vocabulary(self) -> Vocabulary:
         return vocabulary(self.weights)
@@ -85,8 +82,10 @@ class Loaded:
         return pe.entry if pe is not None else None
 
     def status(self) -> ModelStatus:
-        return ModelStatus(str(self.weights.path), self.n_ctx, len(self.slots), tuple(sorted(self.pairs)),
-                           self.weights.gpu_layers, self.curve)
+        stats, loop = self.loop.stats, self.loop
+        return ModelStatus(str(self.weights.path), self.n_ctx, self.ctx.n_seq, tuple(sorted(self.pairs)),
+                           self.weights.gpu_layers, self.curve, busy=len(loop.running), steps=stats.steps,
+                           rows=stats.rows, cached_tokens=stats.cached_tokens)
 
 
 def vocabulary(weights: Weights) -> Vocabulary:
@@ -103,31 +102,28 @@ def _log_backend() -> None:
     log.info("llama.cpp backend: %s", system_info())
 
 
-def load_target(registry: WeightsRegistry, entry: PairEntry, n_ctx: int, n_slots: int) -> Loaded:
-    """Map the target's weights and make its slots (blocking: run it off the event loop)."""
+def load_target(registry: WeightsRegistry, entry: PairEntry, n_ctx: int, n_seq: int) -> Loaded:
+    """Map the target's weights and make its context (blocking: run it off the event loop)."""
     _log_backend()
     rt = entry.config.runtime
-    log.info("loading %s for %s (num_ctx %d, %d slot%s)", entry.target.path.name, entry.name, n_ctx, n_slots,
-             "" if n_slots == 1 else "s")
+    log.info("loading %s for %s (num_ctx %d, %d sequence%s)", entry.target.path.name, entry.name, n_ctx, n_seq,
+             "" if n_seq == 1 else "s at once")
     weights = registry.acquire(entry.target.path, rt.num_gpu, role="target")
-    slots: list[Slot] = []
     try:
-        for i in range(n_slots):
-            slots.append(Slot(i, Context(weights, ContextParams(
-                n_ctx=n_ctx, n_batch=min(rt.num_batch, n_ctx), n_threads=rt.num_thread, flash_attn=rt.flash,
-                type_k=KV_TYPES[rt.kv_cache_type], type_v=KV_TYPES[rt.kv_cache_type],
-            ))))
+        ctx = Context(weights, ContextParams(
+            n_ctx=n_ctx, n_batch=min(rt.num_batch, n_ctx), n_threads=rt.num_thread, flash_attn=rt.flash,
+            type_k=KV_TYPES[rt.kv_cache_type], type_v=KV_TYPES[rt.kv_cache_type], n_seq=n_seq,
+        ))
     except Exception:
-        for slot in slots:
-            slot.ctx.close()
         registry.release(weights)
         raise
-    return Loaded(weights, slots, Pool(entry.name, slots))
+    loop = StepLoop(ctx)
+    return Loaded(weights, ctx, loop, Batcher(entry.name, loop))
 
 
 async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded, caches: SuffixCaches,
                     curves: CurveCache) -> PairEngine:
-    """Build the pair's drafters in every slot (each on its slot's thread) and measure the cost curve.
+    """Build the pair's drafters for every stream (on the batcher's thread) and measure the cost curve.
 
     The sources: the n-gram drafter, the cross-request suffix cache beside it, and a draft model;
     with more than one, each round drafts from the one the planner expects most of (engine.hybrid)."""
@@ -137,39 +133,41 @@ async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded, cac
     if d is not None and entry.draft is not None:
         draft_w = await asyncio.to_thread(_acquire_draft, registry, entry.draft.path, d, lm)
     suffix = await asyncio.to_thread(caches.for_pair, entry, lm.weights) if ngram is not None else None
-    made: list[Context] = []  # draft contexts created so far, to free if another slot fails
+    n_seq = lm.ctx.n_seq
 
-    def build(slot: Slot) -> tuple[list[Drafter], Context | None, CostModel | None]:
-        sources: list[Drafter] = []
+    def build() -> PairEngine:
         draft_ctx = None
-        if ngram is not None:
-            sources.append(NgramDrafter(ngram.min_n, ngram.max_n))
-        if suffix is not None:
-            sources.append(SuffixDrafter(suffix))
         if draft_w is not None and d is not None:
             draft_ctx = Context(draft_w, ContextParams(
-                n_ctx=slot.ctx.n_ctx, n_batch=min(d.num_batch, slot.ctx.n_ctx), n_threads=d.num_thread,
-                flash_attn=d.flash, type_k=KV_TYPES[d.kv_cache_type], type_v=KV_TYPES[d.kv_cache_type],
+                n_ctx=lm.n_ctx, n_batch=min(d.num_batch, lm.n_ctx), n_threads=d.num_thread, flash_attn=d.flash,
+                type_k=KV_TYPES[d.kv_cache_type], type_v=KV_TYPES[d.kv_cache_type], n_seq=n_seq,
             ))
-            made.append(draft_ctx)
-            sources.append(ModelDrafter(draft_ctx, spec.p_min))
-        # One slot measures for all: the slots run the same model on the same hardware.
-        cost = _cost_model(lm, slot.ctx, spec, draft_ctx, curves) if sources and slot.index == 0 else None
-        return sources, draft_ctx, cost
+        try:
+            drafters: list[HybridDrafter | None] = []
+            for sid in range(n_seq):
+                sources: list[Drafter] = []
+                if ngram is not None:
+                    sources.append(NgramDrafter(ngram.min_n, ngram.max_n))
+                if suffix is not None:
+                    sources.append(SuffixDrafter(suffix))
+                if draft_ctx is not None:
+                    sources.append(ModelDrafter(draft_ctx.view(sid), spec.p_min))
+                drafters.append(HybridDrafter(sources) if sources else None)
+            # One cost model for every stream: acceptance learnt on one steers the others too. A
+            # pair without a drafter needs the target's curve too: it sizes prefill chunks (engine.step).
+            cost = _cost_model(lm, spec, draft_ctx, curves)
+        except Exception:
+            if draft_ctx is not None:
+                draft_ctx.close()
+            raise
+        return PairEngine(drafters, spec, cost, draft_ctx, draft_w, entry)
 
     try:
-        parts = await asyncio.wrap_future(lm.pool.broadcast(build))
+        return await asyncio.wrap_future(lm.batcher.call(build))
     except Exception:
-        for c in made:  # every slot is past the broadcast: nothing uses them
-            c.close()
         if draft_w is not None:
             registry.release(draft_w)
         raise
-    cost = parts[0][2]  # shared: acceptance learnt on one slot steers the others too
-    decoders = [Decoder(slot.ctx, HybridDrafter(sources) if sources else None, spec, cost)
-                for slot, (sources, _, _) in zip(lm.slots, parts, strict=True)]
-    draft_ctxs = [ctx for _, ctx, _ in parts if ctx is not None]
-    return PairEngine(decoders, draft_ctxs, draft_w, entry)
 
 
 def _acquire_draft(registry: WeightsRegistry, path: Path, d: ModelDraft, lm: Loaded) -> Weights:
@@ -186,10 +184,26 @@ CURVE_BUDGET = 1.0  # seconds a load may spend measuring the target's verify cur
 DRAFT_BUDGET = 0.3  # ... and the draft's step and catch-up; a cached load measures nothing (curves)
 
 
-def _cost_model(lm: Loaded, ctx: Context, spec: SpeculativeConfig, draft_ctx: Context | None,
-                curves: CurveCache) -> CostModel:
+def _cost_model(lm: Loaded, spec: SpeculativeConfig, draft_ctx: Context | None, curves: CurveCache) -> CostModel:
     """The pair's cost model: the target's verify curve (once per loaded target, from the cache when
-    this machine measured it before), plus the draft's step and catch-up times for a model draft."""
+    this machine measured it before), plus the draft's step and catch-up times for a model draft.
+    Measured on a stream no sequence runs on (between steps, on the batcher's thread), or on a
+    scratch context when every stream is busy."""
+    free = lm.loop.idle_stream()
+    scratch = None
+    if free is None:
+        scratch = Context(lm.weights, replace(lm.ctx.params, n_seq=1))
+    ctx: Context | SeqView = lm.ctx.view(free) if scratch is None else scratch
+    try:
+        return _measure(lm, ctx, spec, draft_ctx.view(free if free is not None else 0) if draft_ctx else None,
+                        curves)
+    finally:
+        if scratch is not None:
+            scratch.close()
+
+
+def _measure(lm: Loaded, ctx: Context | SeqView, spec: SpeculativeConfig, draft_ctx: Context | SeqView | None,
+             curves: CurveCache) -> CostModel:
     rows = spec.n_max + 1
     if lm.calibrated is None or len(lm.calibrated.t_step) <= rows:
         key = curve_key(lm.weights.path, ctx, lm.weights.gpu_layers, "target", rows)
@@ -229,35 +243,30 @@ def _cost_model(lm: Loaded, ctx: Context, spec: SpeculativeConfig, draft_ctx: Co
 
 
 def unload(registry: WeightsRegistry, lm: Loaded) -> None:
-    """Free the target and every pair on it, behind the requests already queued on its slots."""
+    """Free the target and every pair on it, after the requests already queued on it."""
 
-    def free_slot(slot: Slot) -> None:
+    def free() -> None:
         for pe in list(lm.pairs.values()):
-            if slot.index < len(pe.draft_ctxs):
-                pe.draft_ctxs[slot.index].close()
-        slot.ctx.close()
-
-    def release() -> None:
-        for pe in list(lm.pairs.values()):
+            if pe.draft_ctx is not None:
+                pe.draft_ctx.close()
             if pe.draft_weights is not None:
                 registry.release(pe.draft_weights)
+        lm.ctx.close()
         registry.release(lm.weights)
         log.info("unloaded %s", lm.weights.path.name)
 
-    lm.pool.broadcast(free_slot, release)
-    lm.pool.stop()
+    lm.batcher.call(free, after=True)
+    lm.batcher.stop()
 
 
 def free_engine(registry: WeightsRegistry, lm: Loaded, pe: PairEngine) -> None:
-    """Free a pair's drafters behind every job queued before this (so after its streams)."""
+    """Free a pair's drafters after every request queued before this (so after its streams)."""
 
-    def free_slot(slot: Slot) -> None:
-        if slot.index < len(pe.draft_ctxs):
-            pe.draft_ctxs[slot.index].close()
-
-    def release() -> None:
+    def free() -> None:
+        if pe.draft_ctx is not None:
+            pe.draft_ctx.close()
         if pe.draft_weights is not None:
             registry.release(pe.draft_weights)
             log.info("freed draft %s of %s", pe.draft_weights.path.name, pe.entry.name if pe.entry else "?")
 
-    lm.pool.broadcast(free_slot, release)
+    lm.batcher.call(free, after=True)

@@ -1,34 +1,42 @@
-"""Worker threads for llama.cpp contexts, and the bounded bridge between them and asyncio.
+"""The thread that owns a loaded target's llama.cpp context, and the bounded bridge to asyncio.
 
 llama.cpp contexts are not thread-safe, so every call that touches one runs on the thread that
-owns it. A loaded model has one or more *slots* (OLLAMA_NUM_PARALLEL), each a context with its own
-thread; a `Pool` is those threads pulling jobs from one FIFO queue, so a job runs on the first slot
-that is free and jobs run in arrival order (that queue is also the per-model request queue). With
-one slot this is exactly one thread working through its queue.
+owns it. A loaded target has ONE context, with a KV stream per sequence it can run at once
+(OLLAMA_NUM_PARALLEL), and one `Batcher` thread that steps all of its running sequences together
+(engine.step.StepLoop): one llama_decode per step, whatever the number of requests. Driving
+several contexts from several threads was what made four slots slow: each native thread that
+calls into ggml brings its own OpenMP team, and on two cores a lone stream ran at 0.7x of a
+one-slot daemon (README, Concurrency); four contexts stepped from one thread ran at full speed.
 
-A streaming job hands its items to the event loop through a bounded buffer: when the client reads
-slowly the buffer fills and the worker blocks, so generation never runs ahead of the client; when
-the client goes away the job sees the cancel flag within one decode step and stops.
+Requests wait in one FIFO queue (the per-model request queue). Between steps the batcher admits
+the queue's head while a stream is free, and runs calls that must touch the context (building a
+pair's drafters: `call`; freeing them, unloading: `after`, once every request submitted before
+has finished).
 
-Every job runs in a copy of the submitter's contextvars, so log lines from a worker carry the
-request id of the request they work for.
+Each request's items go to the event loop through a bounded buffer. The batcher never waits on
+it: a sequence whose client has `maxsize` items unread sits out the steps until the client reads
+(its stream stays held), so a slow client slows only its own stream. When the client goes away
+the sequence sees the cancel flag at the next step and leaves it.
+
+Admission runs in a copy of the submitter's contextvars, so its log lines carry the request id.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import contextvars
-import queue
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sidecar.engine.decoder import Result
+from sidecar.engine.sequence import Sequence as EngineSequence
+from sidecar.engine.step import StepLoop
 
 T = TypeVar("T")
-S = TypeVar("S")
-_STOP = object()
 _END = object()
 
 
@@ -36,186 +44,222 @@ class Cancelled(Exception):
     """The consumer of a stream went away."""
 
 
-class Pool(Generic[S]):
-    """One thread per slot, all taking jobs from one queue; a job gets the slot it runs on."""
-
-    def __init__(self, name: str, slots: Sequence[S]) -> None:
-        self.name = name
-        self.slots = list(slots)
-        self._index = {id(s): i for i, s in enumerate(self.slots)}
-        self._jobs: queue.Queue[Any] = queue.Queue()
-        self._threads = [threading.Thread(target=self._run, args=(slot,), name=f"llama:{name}#{i}", daemon=True)
-                         for i, slot in enumerate(self.slots)]
-        for t in self._threads:
-            t.start()
-
-    def _run(self, slot: S) -> None:
-        while True:
-            item = self._jobs.get()
-            if item is _STOP:
-                return
-            fn, fut, ctx = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(ctx.run(fn, slot))
-            except BaseException as e:  # delivered to the awaiting request, never kills the thread
-                fut.set_exception(e)
-
-    def submit(self, fn: Callable[[S], T]) -> concurrent.futures.Future[T]:
-        """Run fn(slot) on the first free slot, after every job submitted before it has started."""
-        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._jobs.put((fn, fut, contextvars.copy_context()))
-        return fut
-
-    async def call(self, fn: Callable[[S], T]) -> T:
-        return await asyncio.wrap_future(self.submit(fn))
-
-    def broadcast(self, fn: Callable[[S], T], then: Callable[[], None] | None = None
-                  ) -> concurrent.futures.Future[list[T]]:
-        """Run fn(slot) once on every slot, then `then()` once all of them are through.
-
-        Each slot runs its call after finishing the job it had taken before, so fn may free what
-        that slot alone uses. A barrier holds each thread until every slot has run its call: that is
-        what makes every slot take exactly one of the N queued calls, and it lets `then` free what
-        the slots share. The result lists fn's results by slot; the first failure is raised after
-        all have run (and after `then`)."""
-        n = len(self.slots)
-        results: list[Any] = [None] * n
-        errors: list[BaseException] = []
-        done: concurrent.futures.Future[list[T]] = concurrent.futures.Future()
-
-        def finish() -> None:  # the barrier's action: runs once, in the last thread to arrive
-            try:
-                if then is not None:
-                    then()
-            except BaseException as e:
-                errors.append(e)
-            if errors:
-                done.set_exception(errors[0])
-            else:
-                done.set_result(results)
-
-        barrier = threading.Barrier(n, action=finish)
-
-        def one(slot: S) -> None:
-            try:
-                results[self._index[id(slot)]] = fn(slot)
-            except BaseException as e:
-                errors.append(e)
-            barrier.wait()
-
-        for _ in range(n):
-            self.submit(one)
-        return done
-
-    def stop(self) -> None:
-        """End every thread once the jobs queued before this have run."""
-        for _ in self._threads:
-            self._jobs.put(_STOP)
-
-    def join(self, timeout: float | None = None) -> None:
-        for t in self._threads:
-            t.join(timeout)
-
-    @property
-    def alive(self) -> bool:
-        return any(t.is_alive() for t in self._threads)
+class Stopped(RuntimeError):
+    """The model was unloaded before this request could start."""
 
 
-async def stream(pool: Pool[S], produce: Callable[[S, Callable[[], bool]], Iterator[Any]],
-                 maxsize: int = 16) -> AsyncIterator[Any]:
-    """Run `produce(slot, cancelled)` on a free slot of the pool and yield its items on the event loop.
-
-    Exceptions raised by the producer are re-raised here. Leaving the `async for` early (client
-    disconnect, server shutdown) sets the cancel flag; the producer stops at its next check.
-
-    Every item stays its own item (one token piece, one chunk, as Ollama streams). The worker
-    wakes the event loop only when the consumer waits on an empty buffer: on a small machine each
-    wake-up is CPU taken from decoding, and a consumer that is still busy will look anyway."""
-    loop = asyncio.get_running_loop()
-    buf: deque[Any] = deque()
-    room = threading.Semaphore(maxsize)
-    cancel = threading.Event()
-    handoff = _Handoff(loop, buf)
-
-    def put(item: Any) -> None:
-        # Wait only when `maxsize` items are unread (backpressure); otherwise hand the item over
-        # without waiting for the event loop, so decoding never stalls on it.
-        while not room.acquire(timeout=0.05):
-            if cancel.is_set() or loop.is_closed():
-                raise Cancelled
-        buf.append(item)
-        handoff.notify()
-
-    def job(slot: S) -> None:
-        if cancel.is_set():  # the consumer left while the job waited in the queue: not even a prefill
-            return
-        try:
-            for item in produce(slot, cancel.is_set):
-                put(item)
-            put(_END)
-        except Cancelled:
-            pass
-        except BaseException as e:
-            if not cancel.is_set():
-                with contextlib.suppress(Cancelled):
-                    put(_Failure(e))
-
-    done = pool.submit(job)
-    try:
-        while True:
-            if not buf:
-                await handoff.wait()
-            item = buf.popleft()
-            room.release()
-            if item is _END:
-                break
-            if isinstance(item, _Failure):
-                raise item.error
-            yield item
-    finally:
-        cancel.set()
-        # Unblock a producer waiting for room so it notices the flag right away.
-        room.release()
-        del done
+@dataclass
+class _Call:
+    fn: Callable[[], Any]
+    future: concurrent.futures.Future[Any]
+    context: contextvars.Context
+    after: bool  # wait until every request admitted before it has finished
 
 
-class _Handoff:
-    """Wakes the event loop for a new item only while the consumer waits on an empty buffer.
+class _Sink:
+    """One request's side of the bridge: its items, its cancel flag and the event loop to wake."""
 
-    Under the GIL each step is atomic: the consumer publishes that it waits, then looks at the
-    buffer again; the producer appends, then looks at the flag. Either the producer sees the flag
-    and wakes the consumer, or its item was there before the consumer looked again."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, buf: deque[Any]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, maxsize: int, wake: Callable[[], None]) -> None:
         self.loop = loop
-        self.buf = buf
+        self.maxsize = maxsize
+        self.items: deque[Any] = deque()
+        self.cancel = threading.Event()
         self.waiting = False
         self.future: asyncio.Future[None] | None = None
+        self._wake_batcher = wake
 
-    async def wait(self) -> None:
-        while not self.buf:
-            self.future = self.loop.create_future()
-            self.waiting = True
-            if self.buf:
-                self.waiting = False
-                return
-            await self.future
+    @property
+    def full(self) -> bool:
+        return len(self.items) >= self.maxsize
 
-    def notify(self) -> None:
-        """Called from the worker thread after appending."""
+    def put(self, item: Any) -> None:
+        """From the batcher: hand an item over, waking the consumer only if it waits (under the GIL
+        the consumer publishes that it waits, then looks again; so either it sees the item or we
+        see the flag)."""
+        self.items.append(item)
         if self.waiting:
             self.waiting = False
             try:
-                self.loop.call_soon_threadsafe(self._wake, self.future)
+                self.loop.call_soon_threadsafe(_wake, self.future)
             except RuntimeError:  # the loop closed under us
-                raise Cancelled from None
+                self.cancel.set()
 
-    @staticmethod
-    def _wake(future: asyncio.Future[None] | None) -> None:
-        if future is not None and not future.done():
-            future.set_result(None)
+    async def get(self) -> Any:
+        while not self.items:
+            self.future = self.loop.create_future()
+            self.waiting = True
+            if self.items:
+                self.waiting = False
+                break
+            await self.future
+        was_full = self.full
+        item = self.items.popleft()
+        if was_full:  # the sequence sat out steps for want of room: it may go on
+            self._wake_batcher()
+        return item
+
+    def close(self) -> None:
+        self.cancel.set()
+        self._wake_batcher()
+
+
+@dataclass
+class _Admit:
+    prompt: Sequence[int]
+    make: Callable[[int, Callable[[], bool]], EngineSequence]
+    sink: _Sink
+    context: contextvars.Context
+
+
+def _wake(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
+
+
+class Batcher:
+    """The thread that owns a target's context: FIFO admission, one step over every running
+    sequence at a time, and the calls that need the context, in between (module docstring)."""
+
+    def __init__(self, name: str, loop: StepLoop) -> None:
+        self.name = name
+        self.loop = loop
+        self._cond = threading.Condition()
+        self._queue: deque[_Admit | _Call] = deque()
+        self._sinks: dict[int, _Sink] = {}  # id(sequence) -> its request's sink
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"llama:{name}", daemon=True)
+        self._thread.start()
+
+    # -- the event loop's side -------------------------------------------------------------
+    def call(self, fn: Callable[[], T], *, after: bool = False) -> concurrent.futures.Future[T]:
+        """Run fn() on the batcher's thread between steps; with `after`, once every request
+        submitted before it has finished (so fn may free what they use)."""
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._put(_Call(fn, fut, contextvars.copy_context(), after))
+        return fut
+
+    async def stream(self, prompt: Sequence[int], make: Callable[[int, Callable[[], bool]], EngineSequence],
+                     maxsize: int = 16) -> AsyncIterator[Any]:
+        """Queue a request: `make(stream, cancelled)` builds its engine sequence on the batcher's
+        thread once a stream is free; yield its items on the event loop as they come.
+
+        Exceptions its start or its steps raise are re-raised here. Leaving the `async for` early
+        (client disconnect, server shutdown) sets the cancel flag; the sequence leaves at its
+        next step, or never starts."""
+        sink = _Sink(asyncio.get_running_loop(), maxsize, self._notify)
+        self._put(_Admit(prompt, make, sink, contextvars.copy_context()))
+        try:
+            while True:
+                item = await sink.get()
+                if item is _END:
+                    break
+                if isinstance(item, _Failure):
+                    raise item.error
+                yield item
+        finally:
+            sink.close()
+
+    def stop(self) -> None:
+        """End the thread once everything queued before this has run and finished."""
+        def stop() -> None:
+            self._stopping = True
+
+        self.call(stop, after=True)
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _put(self, entry: _Admit | _Call) -> None:
+        with self._cond:
+            if self._stopping:
+                err = Stopped("the model was unloaded")
+                if isinstance(entry, _Call):
+                    entry.future.set_exception(err)
+                else:
+                    entry.sink.put(_Failure(err))
+                return
+            self._queue.append(entry)
+            self._cond.notify()
+
+    def _notify(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    # -- the thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        loop = self.loop
+        while True:
+            self._admit()
+            with self._cond:
+                if self._stopping and not loop.running and not self._queue:
+                    return
+                if not self._runnable():
+                    if not self._admissible():
+                        # Nothing to do until a request or call comes, a client reads or leaves.
+                        self._cond.wait(0.5)
+                    continue
+            self._step()
+
+    def _runnable(self) -> bool:
+        """Whether a step has work: a running sequence whose client has room or is gone."""
+        return any(not sink.full or sink.cancel.is_set() for sink in self._sinks.values())
+
+    def _admissible(self) -> bool:
+        """Whether the queue's head can go now (called under the lock)."""
+        if not self._queue:
+            return False
+        head = self._queue[0]
+        if isinstance(head, _Call):
+            return not (head.after and self.loop.running)
+        return not self.loop.full or head.sink.cancel.is_set()
+
+    def _admit(self) -> None:
+        """Take the queue's head while it can go: calls, and requests while a stream is free."""
+        loop = self.loop
+        while True:
+            with self._cond:
+                if not self._admissible():
+                    return
+                head = self._queue.popleft()
+            if isinstance(head, _Call):
+                if head.future.set_running_or_notify_cancel():
+                    try:
+                        head.future.set_result(head.context.run(head.fn))
+                    except BaseException as e:  # delivered to the caller, never kills the thread
+                        head.future.set_exception(e)
+                continue
+            sink = head.sink
+            if sink.cancel.is_set():  # the client left while it waited: not even a prefill
+                continue
+            try:
+                seq = head.context.run(loop.add, head.prompt, lambda sid, s=sink, h=head: h.make(sid, s.cancel.is_set))
+            except BaseException as e:
+                sink.put(_Failure(e))
+                continue
+            self._sinks[id(seq)] = sink
+
+    def _step(self) -> None:
+        sinks = self._sinks
+
+        def skip(seq: EngineSequence) -> bool:
+            sink = sinks[id(seq)]
+            return sink.full and not sink.cancel.is_set()
+
+        for seq, got in self.loop.step(skip):
+            sink = sinks[id(seq)]
+            if isinstance(got, BaseException):
+                del sinks[id(seq)]
+                sink.put(_Failure(got))
+                continue
+            for item in got:
+                sink.put(item)
+            if isinstance(got[-1], Result):
+                del sinks[id(seq)]
+                sink.put(_END)
 
 
 class _Failure:

@@ -1,0 +1,285 @@
+"""Many sequences in one batch on real llama.cpp: each one's output is what it gives alone.
+
+Every test runs SmolLM2 through engine.step.StepLoop over one context with several KV streams and
+compares each sequence, token for token, with the same request decoded alone on a one-sequence
+context, target-only. Sequences join at different steps (so a prompt is prefilled in chunks while
+others decode), carry different options, are cancelled, reuse and lose cached prefixes, and shift
+their windows, all inside shared steps. The equality is exact: a stream per sequence keeps each
+one's cells where they are alone (engine.step, Losslessness).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from sidecar.engine.adaptive import CostModel, SpeculativeConfig
+from sidecar.engine.decoder import Decoder, Request, Result
+from sidecar.engine.drafters import ModelDrafter, NgramDrafter
+from sidecar.engine.grammar import gbnf_for_format
+from sidecar.engine.hybrid import HybridDrafter
+from sidecar.engine.llama import Context, ContextParams, Weights
+from sidecar.engine.logprobs import Logprobs
+from sidecar.engine.sampling import SamplingParams
+from sidecar.engine.sequence import Sequence
+from sidecar.engine.step import StepLoop
+from tests.test_lossless import chat_prompt
+
+GREEDY = SamplingParams(temperature=0.0)
+N_CTX = 1024
+
+PROMPTS = [
+    "Write a short poem about the sea.",
+    "Copy this list exactly: apples, bananas, cherries, dates, elderberries, figs, grapes.",
+    "Explain what a hash map is.",
+    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.",
+]
+
+
+@pytest.fixture(scope="module")
+def weights(smollm2_engines: tuple[Weights, Context, Context]) -> Weights:
+    return smollm2_engines[0]
+
+
+@dataclass
+class Run:
+    """One sequence's output: tokens, text, logprobs and its Result."""
+
+    text: str = ""
+    logprobs: list[Logprobs] = field(default_factory=list)
+    result: Result | None = None
+
+    def add(self, item: object) -> None:
+        if isinstance(item, Result):
+            self.result = item
+        elif isinstance(item, Logprobs):
+            self.logprobs.append(item)
+        else:
+            assert isinstance(item, str)
+            self.text += item
+
+    @property
+    def tokens(self) -> list[int]:
+        assert self.result is not None
+        return self.result.tokens
+
+
+def speculative() -> tuple[SpeculativeConfig, CostModel]:
+    """The planner's own choices, on a flat made-up curve (a GPU's) so drafts pay in a batch too."""
+    cost = CostModel(13)
+    cost.t_step = [0.0] + [0.01 * (1 + 0.001 * n) for n in range(1, 14)]
+    return SpeculativeConfig(n_max=12, min_predict=0), cost
+
+
+def solo(weights: Weights, req: Request, n_ctx: int = N_CTX) -> Run:
+    """The reference: the request alone on a one-sequence context, target-only."""
+    ctx = Context(weights, ContextParams(n_ctx=n_ctx, n_batch=512))
+    try:
+        run = Run()
+        for item in Decoder(ctx).generate(replace(req, speculate=False)):
+            run.add(item)
+        return run
+    finally:
+        ctx.close()
+
+
+class Batch:
+    """A StepLoop over one context with `n_seq` streams, fed requests at chosen steps."""
+
+    def __init__(self, weights: Weights, n_seq: int, n_ctx: int = N_CTX, ngram: bool = False,
+                 draft: Context | None = None) -> None:
+        self.weights = weights
+        self.ctx = Context(weights, ContextParams(n_ctx=n_ctx, n_batch=512, n_seq=n_seq))
+        self.loop = StepLoop(self.ctx)
+        self.config, self.cost = speculative() if ngram or draft is not None else (SpeculativeConfig(), CostModel(9))
+        sources: list[list[object]] = [[] for _ in range(n_seq)]
+        for sid in range(n_seq):
+            if ngram:
+                sources[sid].append(NgramDrafter())
+            if draft is not None:
+                sources[sid].append(ModelDrafter(draft.view(sid)))
+        self.drafters = [HybridDrafter(s) if s else None for s in sources]  # type: ignore[arg-type]
+        self.runs: dict[int, Run] = {}
+        self.seqs: dict[int, Sequence] = {}
+
+    def add(self, key: int, req: Request, cancelled: Callable[[], bool] = lambda: False) -> Sequence:
+        w = self.weights
+
+        def make(sid: int) -> Sequence:
+            return Sequence(w, self.ctx.n_ctx, self.ctx.n_batch, req, self.drafters[sid], self.config, self.cost,
+                            cancelled)
+
+        seq = self.loop.add(req.prompt, make)
+        self.runs[key] = Run()
+        self.seqs[key] = seq
+        return seq
+
+    def step(self) -> None:
+        keys = {id(s): k for k, s in self.seqs.items()}
+        for seq, got in self.loop.step():
+            assert not isinstance(got, BaseException), got
+            for item in got:
+                self.runs[keys[id(seq)]].add(item)
+
+    def drain(self) -> Iterator[int]:
+        """Step until every sequence is done; yields the step count as it goes."""
+        n = 0
+        while self.loop.running:
+            self.step()
+            n += 1
+            yield n
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+def request(weights: Weights, i: int, n: int = 48, **kw: object) -> Request:
+    return Request(chat_prompt(weights, PROMPTS[i % len(PROMPTS)]), kw.pop("sampling", GREEDY),  # type: ignore[arg-type]
+                   num_predict=n, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ngram", [False, True], ids=["plain", "ngram"])
+def test_batched_greedy_equals_each_request_alone(weights: Weights, ngram: bool) -> None:
+    """Four sequences join at steps 0, 0, 3 and 7 (the late ones prefill while the others decode)."""
+    reqs = [request(weights, i) for i in range(4)]
+    want = [solo(weights, r) for r in reqs]
+    b = Batch(weights, 4, ngram=ngram)
+    try:
+        b.add(0, reqs[0])
+        b.add(1, reqs[1])
+        for n in b.drain():
+            if n == 3:
+                b.add(2, reqs[2])
+            if n == 7:
+                b.add(3, reqs[3])
+        for i in range(4):
+            assert b.runs[i].tokens == want[i].tokens, f"sequence {i} parted from its solo run"
+            assert b.runs[i].text == want[i].text
+        if ngram:
+            assert sum(b.runs[i].result.draft_tokens for i in range(4)) > 0  # type: ignore[union-attr]
+        assert b.loop.stats.rows > b.loop.stats.steps  # steps held several sequences' rows
+    finally:
+        b.close()
+
+
+def test_batched_model_drafts_equal_each_request_alone(weights: Weights, smollm2: object) -> None:
+    """A model draft per stream on one shared draft context (here the target's own weights, so
+    drafts are taken), verified inside the shared steps."""
+    reqs = [request(weights, i, n=32) for i in range(3)]
+    want = [solo(weights, r) for r in reqs]
+    draft = Context(weights, ContextParams(n_ctx=N_CTX, n_batch=512, n_seq=3))
+    b = Batch(weights, 3, draft=draft)
+    try:
+        for i, r in enumerate(reqs):
+            b.add(i, r)
+        list(b.drain())
+        for i in range(3):
+            assert b.runs[i].tokens == want[i].tokens
+        assert sum(b.runs[i].result.draft_accepted_tokens for i in range(3)) > 0  # type: ignore[union-attr]
+    finally:
+        b.close()
+        draft.close()
+
+
+def test_mixed_options_share_one_batch(weights: Weights) -> None:
+    """Greedy, seeded sampling, a JSON format, logprobs and a stop string, in the same steps."""
+    fmt = gbnf_for_format({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]})
+    reqs = [
+        request(weights, 0),
+        request(weights, 1, sampling=SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=7)),
+        request(weights, 2, grammar=fmt),
+        request(weights, 3, logprobs=3),
+        request(weights, 0, n=64, stop=["sea"]),
+    ]
+    want = [solo(weights, r) for r in reqs]
+    b = Batch(weights, 5, ngram=True)
+    try:
+        for i, r in enumerate(reqs):
+            b.add(i, r)
+        list(b.drain())
+        for i in range(5):
+            assert b.runs[i].tokens == want[i].tokens, f"sequence {i}"
+            assert b.runs[i].text == want[i].text
+        assert b.runs[2].text.startswith("{")
+        assert [e.logprob for lp in b.runs[3].logprobs for e in lp.entries] == \
+            [e.logprob for lp in want[3].logprobs for e in lp.entries]
+        assert "sea" not in b.runs[4].text and b.runs[4].result.done_reason == "stop"  # type: ignore[union-attr]
+    finally:
+        b.close()
+
+
+def test_a_cancel_mid_batch_frees_its_stream_and_spares_the_others(weights: Weights) -> None:
+    reqs = [request(weights, i) for i in range(3)]
+    want = [solo(weights, r) for r in reqs]
+    gone = [False]
+    b = Batch(weights, 3)
+    try:
+        b.add(0, reqs[0])
+        cancelled = b.add(1, reqs[1], cancelled=lambda: gone[0])
+        b.add(2, reqs[2])
+        for n in b.drain():
+            if n == 10:
+                gone[0] = True
+            if n == 11:  # the very next step let it go
+                assert cancelled not in b.loop.running.values()
+        assert b.runs[1].result.done_reason == "cancel"  # type: ignore[union-attr]
+        assert len(b.runs[1].tokens) < len(want[1].tokens)
+        for i in (0, 2):
+            assert b.runs[i].tokens == want[i].tokens
+    finally:
+        b.close()
+
+
+def test_a_prefix_is_reused_copied_and_evicted(weights: Weights) -> None:
+    """Turn 2 of a conversation reuses turn 1's stream; a second client with the same long head
+    gets it copied from a busy stream; a stream used least recently is the one given away."""
+    head = chat_prompt(weights, "You are a careful assistant. " * 40 + "Say hello.")
+    turn1 = Request(head, GREEDY, num_predict=16)
+    b = Batch(weights, 2)
+    try:
+        b.add(0, turn1)
+        list(b.drain())
+        assert b.runs[0].result.prompt_cached == 0  # type: ignore[union-attr]
+        # Turn 2: turn 1's prompt and answer, then more.
+        more = chat_prompt(weights, "And now say goodbye.")
+        turn2 = Request(head + b.runs[0].tokens + more, GREEDY, num_predict=16)
+        b.add(1, turn2)
+        got = b.runs[1]
+        b.add(2, Request(head[:-3] + chat_prompt(weights, "Other question?"), GREEDY, num_predict=16))
+        list(b.drain())
+        assert got.result.prompt_cached >= len(head) + len(b.runs[0].tokens) - 1  # type: ignore[union-attr]
+        assert got.tokens == solo(weights, turn2).tokens
+        # The second client shares the head: copied from the stream that holds it.
+        assert b.runs[2].result.prompt_cached >= len(head) - 4  # type: ignore[union-attr]
+        assert b.runs[2].tokens == solo(weights, Request(head[:-3] + chat_prompt(weights, "Other question?"),
+                                                      GREEDY, num_predict=16)).tokens
+        assert b.loop.stats.copied_tokens > 0
+        # Two unrelated prompts take both streams: the head is evicted.
+        for i in (3, 4):
+            b.add(i, request(weights, i, n=4))
+        list(b.drain())
+        b.add(5, turn1)
+        list(b.drain())
+        assert b.runs[5].result.prompt_cached < 8  # type: ignore[union-attr]
+        assert b.runs[5].tokens == b.runs[0].tokens
+    finally:
+        b.close()
+
+
+def test_a_shift_inside_a_batch(weights: Weights) -> None:
+    """Two sequences shift their small windows while sharing steps: each as it shifts alone."""
+    reqs = [request(weights, i, n=320, shift=True, num_keep=8) for i in (0, 2)]
+    want = [solo(weights, r, n_ctx=256) for r in reqs]  # llama.cpp's smallest window
+    assert all(w.result.shifts > 0 for w in want)  # type: ignore[union-attr]
+    b = Batch(weights, 2, n_ctx=256, ngram=True)
+    try:
+        b.add(0, reqs[0])
+        b.add(1, reqs[1])
+        list(b.drain())
+        for i in range(2):
+            assert b.runs[i].result.shifts == want[i].result.shifts  # type: ignore[union-attr]
+            assert b.runs[i].tokens == want[i].tokens
+    finally:
+        b.close()
