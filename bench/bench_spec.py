@@ -50,6 +50,7 @@ from sidecar.config.schema import NgramDraft  # noqa: E402
 from sidecar.engine.adaptive import CostModel  # noqa: E402
 from sidecar.engine.drafters import NgramDrafter, common_prefix  # noqa: E402
 from sidecar.engine.llama import Context  # noqa: E402
+from sidecar.engine.seqview import SeqView  # noqa: E402
 from sidecar.pairing.probe import predict_speedup  # noqa: E402
 from sidecar.runtime.contract import Job, Outcome, Prompt  # noqa: E402
 from sidecar.runtime.llamacpp import LlamaEngine  # noqa: E402
@@ -195,7 +196,7 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
     ngram = entry.config.draft if isinstance(entry.config.draft, NgramDraft) else None
     if ngram is not None:  # the bound for the longest drafts too: does a longer n_max leave much behind?
         wide = CostModel(LONG_ROWS)
-        await asyncio.wrap_future(lm.batcher.call(lambda: wide.calibrate(lm.ctx.view(0))))
+        await asyncio.wrap_future(lm.batcher.call(lambda: wide.calibrate(SeqView(lm.ctx, 0))))
         wide_curve = wide.verify_curve()
         print(f"verify cost up to {LONG_ROWS} rows: "
               + ", ".join(f"v({n})={wide_curve[n - 1]:.2f}" for n in (8, 12, 16, 24, LONG_ROWS)))
@@ -225,7 +226,7 @@ async def bench_pair(key: str, label: str, target: str, draft: str, args: argpar
         agree = bnd = ""
         ratio_bound = ""
         if pe.draft_ctx is not None:
-            draft = pe.draft_ctx.view(0)
+            draft = SeqView(pe.draft_ctx, 0)
             a = await asyncio.wrap_future(lm.batcher.call(
                 lambda prompt=prompt, ref=ref, draft=draft: agreement(ref, prompt, draft)))
             b, k = bound(a, curve, c)

@@ -24,6 +24,7 @@ from sidecar.engine.llama import Context, ContextParams, Weights
 from sidecar.engine.logprobs import Logprobs
 from sidecar.engine.sampling import SamplingParams
 from sidecar.engine.sequence import Sequence
+from sidecar.engine.seqview import SeqView
 from sidecar.engine.step import StepLoop
 from tests.test_lossless import chat_prompt
 
@@ -99,7 +100,7 @@ class Batch:
             if ngram:
                 sources[sid].append(NgramDrafter())
             if draft is not None:
-                sources[sid].append(ModelDrafter(draft.view(sid)))
+                sources[sid].append(ModelDrafter(SeqView(draft, sid)))
         self.drafters = [HybridDrafter(s) if s else None for s in sources]  # type: ignore[arg-type]
         self.runs: dict[int, Run] = {}
         self.seqs: dict[int, Sequence] = {}

@@ -233,7 +233,7 @@ def test_padding_to_a_shape_keeps_the_output(tiny_engines: tuple[Weights, Contex
                 t_same=[1.33, 1.38, 1.50, 1.64, 1.70, 1.76, 1.82, 1.86, 1.90])
     drafted: list[int] = []
     rounds: list[tuple[int, int]] = []  # (rows decoded, tokens drafted) of each speculative round
-    decode = ctx.decode
+    decode = ctx.decode_many  # every decode of the step loop (engine.step)
 
     class Watched(HybridDrafter):
         def propose(self, source: int, context: Sequence[int], max_tokens: int, grammar: Grammar | None) -> Proposal:
@@ -241,10 +241,10 @@ def test_padding_to_a_shape_keeps_the_output(tiny_engines: tuple[Weights, Contex
             drafted.append(min(max_tokens, len(proposal.tokens)))
             return proposal
 
-    def counted(tokens: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
-        if drafted:
-            rounds.append((len(tokens), drafted.pop()))
-        return decode(tokens, rows)
+    def counted(parts: Sequence[tuple[int, Sequence[int], bool]]) -> list[np.ndarray | None]:
+        if drafted and parts[0][2]:  # a round's rows, not a prefill chunk
+            rounds.append((len(parts[0][1]), drafted.pop()))
+        return decode(parts)
 
     def halved() -> Watched:
         return Watched([Counted(NgramDrafter(1, 3), halve=True), Counted(ModelDrafter(dctx), halve=True)])
@@ -252,13 +252,13 @@ def test_padding_to_a_shape_keeps_the_output(tiny_engines: tuple[Weights, Contex
     sampled = SamplingParams(temperature=0.8, seed=3)
     for prompt in tiny_prompts(w, 6):
         plain = generate(ctx, None, prompt, 80)
-        ctx.decode = counted  # type: ignore[method-assign]
+        ctx.decode_many = counted  # type: ignore[method-assign]
         try:
             spec = generate(ctx, halved(), prompt, 80, cost=gpu)
             logprobs = generate(ctx, halved(), prompt, 80, cost=gpu, logprobs=2)
             rolled = generate(ctx, halved(), prompt, 80, cost=gpu, params=sampled)
         finally:
-            del ctx.decode
+            del ctx.decode_many
         assert spec.tokens == plain.tokens and logprobs.tokens == plain.tokens
         assert_adds_up(spec)
         assert_adds_up(rolled)
@@ -286,19 +286,20 @@ class Two:
 def test_a_proposal_shorter_than_the_stretchs_shape_is_padded(tiny_engines: tuple[Weights, Context, Context]) -> None:
     w, ctx, _ = tiny_engines
     batches: list[int] = []
-    decode = ctx.decode
+    decode = ctx.decode_many  # every decode of the step loop (engine.step)
 
-    def counted(tokens: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
-        batches.append(len(tokens))
-        return decode(tokens, rows)
+    def counted(parts: Sequence[tuple[int, Sequence[int], bool]]) -> list[np.ndarray | None]:
+        if parts[0][2]:  # not a prefill chunk
+            batches.append(len(parts[0][1]))
+        return decode(parts)
 
     prompt = next(tiny_prompts(w, 1))
     plain = generate(ctx, None, prompt, 80)
-    ctx.decode = counted  # type: ignore[method-assign]
+    ctx.decode_many = counted  # type: ignore[method-assign]
     try:
         spec = generate(ctx, Two(), prompt, 80, cost=fixed([1.33, *[3.4] * 8], t_same=[1.33, *[1.5] * 8]))
     finally:
-        del ctx.decode
+        del ctx.decode_many
     assert spec.tokens == plain.tokens
     assert spec.draft_rounds > 0 and spec.draft_tokens <= 2 * spec.draft_rounds
     assert batches.count(9) >= spec.draft_rounds  # every draft of two verified in 9 rows

@@ -68,7 +68,8 @@ def test_chat_matches_native(client: openai.OpenAI, v1: Daemon) -> None:
     assert r.model == PAIR
     assert r.choices[0].finish_reason == ("length" if ref["eval_count"] == 10 else "stop")
     assert r.usage is not None and r.usage.completion_tokens == ref["eval_count"]
-    assert r.usage.prompt_tokens == ref["prompt_eval_count"]
+    # The native request came second: its prompt came from the prefix cache, which it does not count.
+    assert r.usage.prompt_tokens >= ref["prompt_eval_count"] >= 1
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
 
 

@@ -221,11 +221,14 @@ pairs:
     daemon.stop()
 
 
-_VOLATILE = re.compile(rb'"(created_at|total_duration|load_duration|prompt_eval_duration|eval_duration)":("[^"]*"|\d+)')
+# prompt_eval_count too: a repeated prompt is served from the prefix cache, which it does not count.
+_VOLATILE = re.compile(
+    rb'"(created_at|total_duration|load_duration|prompt_eval_count|prompt_eval_duration|eval_duration)":("[^"]*"|\d+)')
 
 
 def normalised(body: bytes) -> list[bytes]:
-    """NDJSON lines with timestamps and durations blanked: what may differ between two runs."""
+    """NDJSON lines with timestamps, durations and evaluated prompt tokens blanked: what may differ
+    between two runs."""
     assert body.endswith(b"\n")
     return [_VOLATILE.sub(rb'"\1":0', ln) for ln in body.split(b"\n")[:-1]]
 

@@ -33,8 +33,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from sidecar.engine.grammar import Grammar
-from sidecar.engine.llama import Context, ContextFull, SeqView
+from sidecar.engine.llama import Context, ContextFull
 from sidecar.engine.sampling import Sampler
+from sidecar.engine.seqview import SeqView
 
 
 @dataclass(frozen=True)

@@ -43,8 +43,9 @@ from dataclasses import dataclass
 
 from sidecar.engine.adaptive import Step, runs
 from sidecar.engine.drafters import common_prefix, propose_together
-from sidecar.engine.llama import Context, SeqView
+from sidecar.engine.llama import Context
 from sidecar.engine.sequence import Ask, Item, Rows, Sequence
+from sidecar.engine.seqview import SeqView
 
 PREFILL_SHARE = 2.0  # a prefill chunk may add this many times the decoding rows' cost to a step
 MIN_CHUNK = 16  # ... but never fewer tokens than this, so a prompt always comes in

@@ -22,7 +22,8 @@ from sidecar.config.schema import ModelDraft
 from sidecar.engine.adaptive import CostModel, SpeculativeConfig
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from sidecar.engine.hybrid import HybridDrafter
-from sidecar.engine.llama import Context, ContextParams, SeqView, Weights, default_threads, system_info
+from sidecar.engine.llama import Context, ContextParams, Weights, default_threads, system_info
+from sidecar.engine.seqview import SeqView
 from sidecar.engine.step import StepLoop
 from sidecar.engine.suffix import SuffixDrafter
 from sidecar.pairing.costs import ServedCosts
@@ -151,7 +152,7 @@ async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded, cac
                 if suffix is not None:
                     sources.append(SuffixDrafter(suffix))
                 if draft_ctx is not None:
-                    sources.append(ModelDrafter(draft_ctx.view(sid), spec.p_min))
+                    sources.append(ModelDrafter(SeqView(draft_ctx, sid), spec.p_min))
                 drafters.append(HybridDrafter(sources) if sources else None)
             # One cost model for every stream: acceptance learnt on one steers the others too. A
             # pair without a drafter needs the target's curve too: it sizes prefill chunks (engine.step).
@@ -193,9 +194,9 @@ def _cost_model(lm: Loaded, spec: SpeculativeConfig, draft_ctx: Context | None, 
     scratch = None
     if free is None:
         scratch = Context(lm.weights, replace(lm.ctx.params, n_seq=1))
-    ctx: Context | SeqView = lm.ctx.view(free) if scratch is None else scratch
+    ctx: Context | SeqView = SeqView(lm.ctx, free) if scratch is None else scratch
     try:
-        return _measure(lm, ctx, spec, draft_ctx.view(free if free is not None else 0) if draft_ctx else None,
+        return _measure(lm, ctx, spec, SeqView(draft_ctx, free if free is not None else 0) if draft_ctx else None,
                         curves)
     finally:
         if scratch is not None:
