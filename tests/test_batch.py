@@ -284,3 +284,19 @@ def test_a_shift_inside_a_batch(weights: Weights) -> None:
             assert b.runs[i].tokens == want[i].tokens
     finally:
         b.close()
+
+
+def test_prompts_arriving_together_share_n_batch(weights: Weights) -> None:
+    """Four long prompts admitted at once: each step takes what n_batch holds, the rest waits."""
+    reqs = [Request(chat_prompt(weights, f"Point {i}. " + "You are a careful assistant. " * 40), GREEDY, num_predict=8)
+            for i in range(4)]
+    assert sum(len(r.prompt) for r in reqs) > 512
+    b = Batch(weights, 4)
+    try:
+        for i, r in enumerate(reqs):
+            b.add(i, r)
+        list(b.drain())
+        for i, r in enumerate(reqs):
+            assert b.runs[i].tokens == solo(weights, r).tokens
+    finally:
+        b.close()

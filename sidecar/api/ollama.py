@@ -124,6 +124,10 @@ async def ps(request: web.Request) -> web.Response:
         item["expires_at"] = local_time(s.expires_at) if s.expires_at is not None else forever
         item["size_vram"] = item["size"] if s.gpu_layers else 0
         item["context_length"] = s.context_length
+        # Not Ollama's: the batch the target decodes (README, Concurrency), under a key of its own.
+        item["sidecar"] = {"parallel": s.parallel, "busy": s.busy,
+                           "rows_per_step": round(s.rows / s.steps, 2) if s.steps else 0.0,
+                           "cached_tokens": s.cached_tokens}
         models.append(item)
     models.sort(key=lambda m: m["expires_at"], reverse=True)
     return json_response({"models": models + await _upstream_models(request, "/api/ps")})

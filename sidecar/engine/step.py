@@ -140,11 +140,17 @@ class StepLoop:
                 self._leave(sid)
 
         asked: list[tuple[int, Rows | Ask]] = []
-        for sid in ids:
+        # The decoding sequences first, then prompts with what is left of n_batch.
+        for sid in [*decoding, *(s for s in ids if s not in planned)]:
             seq = self.running[sid]
             try:
                 if seq.prefilling:
-                    want = seq.rows(budget=self._chunk(sid, seq, planned) if planned else None)
+                    room = target.n_batch - sum(planned.values())
+                    if room < MIN_CHUNK and planned:
+                        continue  # no room in this step: the prompt goes on in the next
+                    want = seq.rows(budget=min(self._chunk(sid, seq, planned) if planned else room, room))
+                    if want is not None:
+                        planned[sid] = len(want.tokens)
                 else:
                     others = tuple((s, n) for s, n in planned.items() if s != sid)
                     want = seq.rows(Step(sid, others, sum(v for s, v in tokens.items() if s != sid)))
@@ -173,8 +179,9 @@ class StepLoop:
         if not parts:
             return out
         batch = [(sid, list(rows.tokens), rows.logits) for sid, rows in parts]
-        if all(rows.logits for _, rows in parts) and self.running[parts[0][0]].cost.padded(
-                [(sid, len(tokens)) for sid, tokens, _ in batch]):
+        widths = [(sid, len(tokens)) for sid, tokens, _ in batch]
+        if all(rows.logits for _, rows in parts) and self.running[parts[0][0]].cost.padded(widths) and sum(
+                max(n for _, n in run) * len(run) for run in runs(widths)) <= target.n_batch:
             for run in runs([(sid, len(tokens)) for sid, tokens, _ in batch]):
                 width = max(n for _, n in run)
                 for sid, n in run:
