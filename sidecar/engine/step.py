@@ -252,13 +252,6 @@ class StepLoop:
         seq.close()
         self._used[sid] = next(self._clock)
 
-    def cancel_all(self, error: BaseException) -> list[tuple[Sequence, BaseException]]:
-        """Drop every running sequence (the loop is stopping): each gets `error`."""
-        out = [(self.running[sid], error) for sid in sorted(self.running)]
-        for sid in list(self.running):
-            self._leave(sid)
-        return out
-
     def run(self, prompt: abc.Sequence[int], make: Callable[[int], Sequence]) -> Iterator[Item]:
         """Run one sequence alone to its end: its output as it becomes final, then its Result."""
         seq = self.add(prompt, make)

@@ -40,10 +40,6 @@ T = TypeVar("T")
 _END = object()
 
 
-class Cancelled(Exception):
-    """The consumer of a stream went away."""
-
-
 class Stopped(RuntimeError):
     """The model was unloaded before this request could start."""
 
