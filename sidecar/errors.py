@@ -15,3 +15,7 @@ class ClientError(ValueError):
 
 class Unavailable(RuntimeError):
     """The daemon cannot take this work now (queue full, shutting down); str() is the message."""
+
+
+class BadGateway(RuntimeError):
+    """A server the daemon relies on (a pair's vLLM) is down or broke off; str() is the message (502)."""

@@ -30,8 +30,7 @@ from sidecar.api.wire import (
     parse_duration,
     read_body,
 )
-from sidecar.config.entries import PairEntry
-from sidecar.models.gguf import read_metadata
+from sidecar.config.entries import PairEntry, metadata_of
 from sidecar.runtime.contract import Delta, Job, Outcome, Prompt
 
 # What /api/version answers when no upstream tells us better: a current release (clients gate
@@ -83,7 +82,7 @@ def _quant(ftype: Any) -> str:
 
 
 def model_listing(entry: PairEntry) -> dict[str, Any]:
-    size = entry.target.path.stat().st_size
+    size = entry.size
     digest = entry.target.digest or hashlib.sha256(f"{entry.name}|{entry.target.path}|{size}".encode()).hexdigest()
     return {
         "name": entry.name,
@@ -141,7 +140,7 @@ async def show(request: web.Request) -> web.Response:
     entry = find_pair(request, name)
     # Ollama's GetModelInfo: every array in full when verbose, else arrays over 5 items as [];
     # general.name and the chat template never.
-    meta = await asyncio.to_thread(read_metadata, entry.target.path, full=True) if req.verbose else entry.metadata
+    meta = await asyncio.to_thread(metadata_of, entry.target.path, full=True) if req.verbose else entry.metadata
     info: dict[str, Any] = {}
     for k, v in meta.items():
         if k in ("general.name", "tokenizer.chat_template"):

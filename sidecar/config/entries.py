@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.config.schema import Config, ModelDraft, NgramDraft, Pair
+from sidecar.models import hf
 from sidecar.models.gguf import read_metadata
 from sidecar.models.resolve import ResolvedModel, Stores, resolve
 
@@ -50,6 +51,12 @@ class PairEntry:
         return " + ".join(parts) or None
 
     @property
+    def size(self) -> int:
+        """The target's bytes on disk (a model folder's weights)."""
+        path = self.target.path
+        return hf.size(path) if path.is_dir() else path.stat().st_size
+
+    @property
     def params(self) -> dict[str, Any]:
         """Option defaults: the Ollama params layer, then the pair's `parameters`."""
         return {**self.target.params, **self.config.parameters.model_dump(exclude_unset=True, exclude_none=True)}
@@ -76,11 +83,24 @@ class PairEntry:
 def build_entry(name: str, pair: Pair, base: Path | None = None, stores: Stores | None = None,
                 model_draft: ModelDraft | None = None, chosen: str | None = None, auto: bool = False) -> PairEntry:
     """Resolve a pair's models; `model_draft` stands in for the one the pair names (`draft: auto`)."""
-    target = resolve(pair.from_, base=base, stores=stores)
+    folders = pair.engine == "vllm"
+    target = resolve(pair.from_, base=base, stores=stores, folders=folders)
     model_draft = model_draft or pair.model_draft
-    draft = resolve(model_draft.from_, base=base, stores=stores) if model_draft is not None else None
-    return PairEntry(name, pair, target, draft, read_metadata(target.path), target.path.stat().st_mtime,
+    draft = resolve(model_draft.from_, base=base, stores=stores, folders=folders) if model_draft is not None else None
+    return PairEntry(name, pair, target, draft, metadata_of(target.path), _modified(target.path),
                      model_draft, chosen, auto, base)
+
+
+def metadata_of(path: Path, *, full: bool = False) -> dict[str, Any]:
+    """A GGUF's metadata, or a model folder's under the same keys (models.hf)."""
+    return hf.read_metadata(path) if path.is_dir() else read_metadata(path, full=full)
+
+
+def _modified(path: Path) -> float:
+    """When the model last changed: a folder's newest file (a re-converted folder is a new model)."""
+    if path.is_dir():
+        return max((p.stat().st_mtime for p in path.iterdir() if p.is_file()), default=path.stat().st_mtime)
+    return path.stat().st_mtime
 
 
 def build_entries(config: Config, base: Path, stores: Stores | None = None

@@ -17,6 +17,7 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -181,6 +182,39 @@ def _one_draft(v: Any) -> Any:
     return v
 
 
+class Vllm(Strict):
+    """Where a vLLM pair's target runs (`engine: vllm`).
+
+    Without `url` the daemon starts the server itself (managed): the settings below become its
+    arguments, and it lives as long as the model is loaded. With `url` it is someone else's
+    server (remote), for example the head of a Ray cluster: the daemon only talks to it, so the
+    settings that shape a server are refused there (`sidecar check` prints the command to start it)."""
+
+    url: str | None = Field(None, pattern=r"^https?://")
+    model: str | None = None  # the name the server knows the model by; None: the one it serves
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    enforce_eager: bool = False  # skip graph capture / compilation: starts in seconds, runs slower
+    python: str | None = None  # the interpreter with vllm installed; None: the daemon's own
+    port: int | None = Field(None, ge=1, le=65535)  # managed: None picks a free port
+    args: list[str] = Field(default_factory=list)  # more `vllm serve` arguments, passed as written
+    env: dict[str, str] = Field(default_factory=dict)  # more environment for the managed server
+    start_timeout: float = Field(900.0, gt=0)  # seconds a managed server may take to become healthy
+
+    @model_validator(mode="after")
+    def _remote_is_not_started(self) -> Vllm:
+        if self.url is None:
+            return self
+        shaping = [k for k in ("tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "dtype",
+                               "enforce_eager", "python", "port", "args", "env") if k in self.model_fields_set]
+        if shaping:
+            raise ValueError(f"{', '.join(shaping)}: a remote server (url) runs as it was started; set "
+                             "these where it is started (`sidecar check` prints the command)")
+        return self
+
+
 class Message(Strict):
     role: Literal["system", "user", "assistant", "tool"]
     content: str
@@ -188,6 +222,7 @@ class Message(Strict):
 
 class Pair(Strict):
     from_: str = Field(alias="from", min_length=1)
+    engine: Literal["llama.cpp", "vllm"] = "llama.cpp"  # validated first: the keys below depend on it
     draft: Draft | None = None
     parameters: Parameters = Field(default_factory=Parameters)
     template: str | None = None
@@ -196,6 +231,7 @@ class Pair(Strict):
     speculative: Speculative = Field(default_factory=Speculative)
     runtime: Runtime = Field(default_factory=Runtime)
     adapter: Any = None
+    vllm: Vllm | None = None  # engine: vllm: where its server runs (None: managed, with the defaults)
 
     @property
     def ngram(self) -> NgramDraft | None:
@@ -247,6 +283,35 @@ class Pair(Strict):
         if self.speculative.n_max is None and self.speculative.n_min > n_max:
             raise ValueError(f"speculative.n_min {self.speculative.n_min} exceeds the default n_max {n_max}: set n_max")
         return self
+
+    # Settings only one engine reads are errors on the other, so none silently does nothing; each
+    # check sits on the key it is about, so the error names that key's line.
+    @field_validator("draft")
+    @classmethod
+    def _draft_for_engine(cls, d: Any, info: ValidationInfo) -> Any:
+        if info.data.get("engine") == "vllm" and isinstance(d, AutoDraft | HybridDraft):
+            raise ValueError(f"{'auto' if isinstance(d, AutoDraft) else 'a list'} has no vLLM counterpart (vLLM "
+                             "speculates from one source); use `draft: ngram` or `draft: MODEL_FOLDER`")
+        return d
+
+    @field_validator("runtime")
+    @classmethod
+    def _runtime_for_engine(cls, rt: Runtime, info: ValidationInfo) -> Runtime:
+        llama_only = sorted(rt.model_fields_set - {"num_parallel"})
+        if info.data.get("engine") == "vllm" and llama_only:
+            raise ValueError(f"{llama_only[0]} is a llama.cpp setting; a vLLM pair takes its load settings under "
+                             "vllm: (tensor_parallel_size, dtype, ...)")
+        return rt
+
+    @field_validator("vllm")
+    @classmethod
+    def _vllm_for_engine(cls, v: Vllm | None, info: ValidationInfo) -> Vllm | None:
+        if v is not None and info.data.get("engine") != "vllm":
+            raise ValueError("these settings need `engine: vllm`")
+        if v is not None and v.url is not None and info.data.get("draft") is not None:
+            raise ValueError("a remote vLLM server (url) speculates as it was started: drop `draft:` and start "
+                             "it with --speculative-config (`sidecar check` prints it)")
+        return v
 
     @field_validator("adapter")
     @classmethod

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sidecar.models import hf
+
 OLLAMA_MEDIA = "application/vnd.ollama.image."
 DEFAULT_HOST, DEFAULT_NAMESPACE, DEFAULT_TAG = "registry.ollama.ai", "library", "latest"
 GGUF_MAGIC = b"GGUF"
@@ -123,13 +125,18 @@ def _pkg(ref: str) -> Path:
     return path
 
 
-def _path(ref: str, base: Path | None) -> Path:
+def _path(ref: str, base: Path | None, folders: bool) -> Path:
     p = Path(ref).expanduser()
     if not p.is_absolute() and base is not None:
         p = base / p
+    if hf.is_folder(p):
+        if not folders:
+            raise ModelNotFound(f"{ref}: {p} is a Hugging Face model folder, which only `engine: vllm` pairs load; "
+                                "llama.cpp needs a GGUF file")
+        return p
     if not p.is_file():
         raise ModelNotFound(f"{ref}: no such file ({p})")
-    return p
+    return _check_gguf(p, ref)
 
 
 # -- LM Studio -----------------------------------------------------------------------------------
@@ -292,9 +299,11 @@ def _ollama(ref: str, root: Path) -> ResolvedModel:
 
 # -- entry point ---------------------------------------------------------------------------------
 def resolve(ref: str, *, base: Path | None = None, ollama_root: Path | None = None,
-            lmstudio_roots: list[Path] | None = None, stores: Stores | None = None) -> ResolvedModel:
+            lmstudio_roots: list[Path] | None = None, stores: Stores | None = None,
+            folders: bool = False) -> ResolvedModel:
     """Find the GGUF behind a reference; raises ModelNotFound saying where it looked.
 
+    `folders`: a path may also name a Hugging Face model folder (models.hf; vLLM pairs).
     `ollama_root` / `lmstudio_roots` override `stores`, which overrides the usual places."""
     stores = stores or Stores()
     if ref.startswith("pkg:"):
@@ -302,5 +311,5 @@ def resolve(ref: str, *, base: Path | None = None, ollama_root: Path | None = No
     if ref.startswith("lmstudio:"):
         return ResolvedModel(ref, _check_gguf(_lmstudio(ref, lmstudio_roots or stores.lmstudio_roots()), ref))
     if ref.endswith(".gguf") or ref.startswith(("/", "./", "../", "~")):
-        return ResolvedModel(ref, _check_gguf(_path(ref, base), ref))
+        return ResolvedModel(ref, _path(ref, base, folders))
     return _ollama(ref, ollama_root or stores.ollama_root())
