@@ -115,12 +115,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from sidecar.api.app import create_app
     from sidecar.observability import metrics
     from sidecar.observability.notify import ServiceNotifier
+    from sidecar.runtime.engines import Engines
     from sidecar.runtime.llamacpp import LlamaEngine
     from sidecar.runtime.manager import Runtime
     from sidecar.runtime.reload import Reloader
+    from sidecar.runtime.vllm import VllmEngine
 
     path = default_path(args.config)
-    runtime = Runtime(LlamaEngine(), keep_alive=keep_alive_default(),
+    engines = Engines({"llama.cpp": LlamaEngine(), "vllm": VllmEngine()})
+    runtime = Runtime(engines, keep_alive=keep_alive_default(),
                       max_queue=int(os.environ.get("OLLAMA_MAX_QUEUE") or 512), num_parallel=num_parallel_default())
     reloader = Reloader(path, runtime, watch=not args.no_watch)
     try:
@@ -227,7 +230,10 @@ def cmd_check(args: argparse.Namespace) -> int:
             ok = False
             rows.append((name, pair.from_, dname, f"error: {prepared.errors.get(name, 'not resolved')}"))
             continue
-        status = _check_draft(entry) if entry.draft is not None else "ok"
+        if entry.config.engine == "vllm":
+            status = _check_vllm(entry)
+        else:
+            status = _check_draft(entry) if entry.draft is not None else "ok"
         ok = ok and status == "ok"
         status = "; ".join([status, *([entry.chosen] if entry.chosen else []), *resolve_format(entry).notes])
         rows.append((name, str(entry.target.path), str(entry.draft.path) if entry.draft else
@@ -235,7 +241,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=False)) + "  " + r[3])
-    _print_backend(prepared.entries.values())
+    _print_backend([e for e in prepared.entries.values() if e.config.engine == "llama.cpp"])
+    _print_vllm([e for e in prepared.entries.values() if e.config.engine == "vllm"])
     print(f"{path}: {'ok' if ok else 'problems found'}")
     return 0 if ok else 1
 
@@ -253,6 +260,32 @@ def _print_backend(entries: Iterable[PairEntry]) -> None:
         want = e.config.runtime.num_gpu
         on_gpu = min(n, n if want < 0 else want) if gpu else 0
         print(f"  {e.name}: {on_gpu} of {n} layers on the GPU")
+
+
+def _check_vllm(entry: PairEntry) -> str:
+    """A managed vLLM pair needs vLLM importable by the interpreter that starts it."""
+    from sidecar.runtime.vllm import command
+
+    s = command.settings(entry)
+    if s.url is not None:
+        return "ok"
+    python = command.python(entry)
+    return "ok" if command.installed(python) else f"error: vLLM is not installed for {python}"
+
+
+def _print_vllm(entries: list[PairEntry]) -> None:
+    """The exact server command of each vLLM pair: what the daemon runs (managed), or what to run
+    where the server lives (remote; its port and host are then the user's)."""
+    from sidecar.runtime.vllm import command
+
+    for e in entries:
+        s = command.settings(e)
+        python = command.python(e)
+        version = command.installed(python)
+        where = f"remote at {s.url}, started as" if s.url else "managed, started as"
+        print(f"vLLM pair {e.name} ({where}; vLLM {version or 'not installed'}):")
+        port = s.port or (int(s.url.rsplit(":", 1)[1].split("/")[0]) if s.url and s.url.count(":") == 2 else 8000)
+        print("  " + command.command_line(e, e.num_ctx(None), port, command.has_suffix(python)))
 
 
 def _check_draft(entry: PairEntry) -> str:

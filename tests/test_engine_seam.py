@@ -43,6 +43,9 @@ class FakeModel:
     pairs: dict[str, PairEntry] = field(default_factory=dict)
     prompts: list[list[int]] = field(default_factory=list)
 
+    def fits(self, n_ctx: int) -> bool:
+        return n_ctx == self.n_ctx
+
     def vocabulary(self) -> Vocabulary:
         return Vocabulary("", "")
 

@@ -148,6 +148,7 @@ class Generation:
     truncate: bool = True  # cut a prompt that does not fit instead of refusing it
     shift: bool = True  # shift a full window and go on instead of stopping
     preserve: tuple[str, ...] = ()  # control tokens to emit as their text (the output parser needs them)
+    format: str | dict[str, Any] | None = None  # the job's `format`, for an engine that constrains natively
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,10 @@ class Model(Protocol):
     @property
     def n_ctx(self) -> int:
         """The context window of each sequence."""
+        ...
+
+    def fits(self, n_ctx: int) -> bool:
+        """Whether a request asking for this window runs on this load; False: reload for it."""
         ...
 
     def vocabulary(self) -> Vocabulary: ...

@@ -43,7 +43,7 @@ async def run(engine: Engine, model: Model, entry: PairEntry, fmt: PairFormat, j
     gen = Generation(
         rendered.tokens, opts, bounded_num_predict(opts.num_predict, model.n_ctx), grammar,
         grammar_after=parser.end_of_thinking() if grammar else None, logprobs=job.logprobs,
-        truncate=job.truncate, shift=job.shift, preserve=tuple(parser.preserved_tokens()),
+        truncate=job.truncate, shift=job.shift, preserve=tuple(parser.preserved_tokens()), format=job.format,
     )
     pending: list[Logprob] = []  # logprobs of tokens whose text the parser still holds
     items = engine.generate(model, entry.name, gen, halt.is_set)  # halt: the shutdown's drain deadline passed

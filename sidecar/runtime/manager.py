@@ -129,7 +129,7 @@ class Runtime:
         t0 = time.perf_counter()
         async with lock:
             served = self._loaded.get(key)
-            if served is not None and served.model.n_ctx != n_ctx:
+            if served is not None and not served.model.fits(n_ctx):
                 # Like Ollama: a different num_ctx means a reload; in-flight requests finish first.
                 self._unload(served)
                 served = None

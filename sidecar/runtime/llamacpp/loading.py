@@ -69,6 +69,9 @@ class Loaded:
         """The context window of each sequence."""
         return self.ctx.n_ctx
 
+    def fits(self, n_ctx: int) -> bool:
+        return n_ctx == self.n_ctx  # Ollama's rule: another num_ctx is another load
+
     def vocabulary(self) -> Vocabulary:
         return vocabulary(self.weights)
 
