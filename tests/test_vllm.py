@@ -261,3 +261,44 @@ def test_check_prints_the_server_command(daemon: Daemon) -> None:
     assert "vLLM pair smol:managed (managed" in out
     assert '--speculative-config \'{"method":"ngram"' in out and "--max-model-len 1024" in out
     assert "vLLM pair smol:vllm (remote at" in out
+
+
+def managed_pid(d: Daemon) -> int | None:
+    servers = httpx.get(d.url + "/sidecar/status", timeout=T).json()["vllm"]["servers"]
+    return next((s["pid"] for s in servers if s["managed"]), None)
+
+
+def gone(pid: int, seconds: float = 120) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_keep_alive_zero_stops_the_managed_server(daemon: Daemon) -> None:
+    generate(daemon, "smol:managed", PROMPT, 2)
+    pid = managed_pid(daemon)
+    assert pid is not None
+    generate(daemon, "smol:managed", PROMPT, 2, keep_alive=0)
+    assert gone(pid) and managed_pid(daemon) is None
+    assert "smol:managed" not in {m["name"] for m in httpx.get(daemon.url + "/api/ps", timeout=T).json()["models"]}
+
+
+def test_sigterm_drains_then_stops_the_managed_server(daemon: Daemon) -> None:
+    """Runs last: it stops the module's daemon. A running stream finishes, then the server goes."""
+    generate(daemon, "smol:managed", PROMPT, 2)
+    pid = managed_pid(daemon)
+    assert pid is not None
+    with httpx.stream("POST", daemon.url + "/api/generate", timeout=T, json={
+            "model": "smol:managed", "prompt": PROMPT, "raw": True, "options": {"num_predict": 32}}) as s:
+        lines = s.iter_lines()
+        next(lines)
+        daemon.proc.send_signal(signal.SIGTERM)
+        rest = [json.loads(ln) for ln in lines]
+    assert rest[-1]["done"] and rest[-1]["eval_count"] == 32
+    assert daemon.proc.wait(60) == 0
+    assert gone(pid)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import ctypes
 import logging
 import os
 import signal
 import socket
+import sys
 import time
 from collections import deque
 
@@ -26,6 +28,13 @@ log = logging.getLogger("sidecar.vllm")
 
 BACKOFF_FIRST, BACKOFF_MAX = 1.0, 60.0
 HEALTH_EVERY = 0.5  # seconds between /health polls while starting
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child (Linux): SIGTERM when the daemon dies, even by SIGKILL, so no server is orphaned."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -63,7 +72,8 @@ class ManagedServer:
         log.info("%s: starting vLLM: %s", self.name, " ".join(self.argv))
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True)
+            stderr=asyncio.subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True,
+            preexec_fn=_die_with_parent)
         # The server outlives the request that started it: its log lines carry no request's id.
         relay = asyncio.create_task(self._relay(self.proc), context=contextvars.Context())
         try:
