@@ -17,5 +17,10 @@ class Unavailable(RuntimeError):
     """The daemon cannot take this work now (queue full, shutting down); str() is the message."""
 
 
+class ServerError(RuntimeError):
+    """The daemon could not do what a valid request asked (a pair's template failing on it); str()
+    is the message, answered with Ollama's 500 and no prefix."""
+
+
 class BadGateway(RuntimeError):
     """A server the daemon relies on (a pair's vLLM) is down or broke off; str() is the message (502)."""

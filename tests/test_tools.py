@@ -221,7 +221,7 @@ def test_openai_client_round_trip(td: Daemon) -> None:
 
 def test_tools_need_a_template_that_reads_them(td: Daemon) -> None:
     r = httpx.post(td.url + "/api/chat", json={"model": PLAIN, "messages": ASK, "tools": [WEATHER]}, timeout=T)
-    assert r.status_code == 400 and r.json()["error"] == f"{PLAIN} does not support tools"
+    assert r.status_code == 400 and r.json()["error"] == f"registry.ollama.ai/library/{PLAIN} does not support tools"
     r = httpx.post(td.url + "/api/chat", json={"model": PLAIN, "messages": ASK, "tools": [], "stream": False,
                                                "options": {"num_predict": 2}}, timeout=T)
     assert r.status_code == 200  # ollama-python always sends "tools": []

@@ -32,6 +32,7 @@ from sidecar.api.wire import (
 )
 from sidecar.config.entries import PairEntry, metadata_of
 from sidecar.runtime.contract import Delta, Job, Outcome, Prompt
+from sidecar.runtime.render import full_name
 
 # What /api/version answers when no upstream tells us better: a current release (clients gate
 # features such as thinking and logprobs on it). The wire contract followed is Ollama's fb30760.
@@ -211,7 +212,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if req.raw and (req.template or req.system or req.context):
         raise ApiError(400, "raw mode does not support template, system, or context")
     if req.images:
-        raise ApiError(400, f'"{entry.name}" does not support images')
+        return await _images(request, entry)
     prompt = Prompt.of_completion(req.prompt, raw=req.raw, system=req.system, template=req.template,
                                   context=req.context, suffix=req.suffix, think=req.think)
     job = _job(req, prompt, load_only=not req.prompt and not req.context)
@@ -226,11 +227,20 @@ async def chat(request: web.Request) -> web.StreamResponse:
         raise ApiError(400, "model is required")
     entry = find_pair(request, req.model)
     if any(m.images for m in req.messages):
-        raise ApiError(400, f'"{entry.name}" does not support images')
+        return await _images(request, entry)
     prompt = Prompt.of_chat([m.as_dict() for m in req.messages], req.tools or None, think=req.think)
     job = _job(req, prompt, load_only=not req.messages)
     framing = OllamaFraming(entry, chat=True, t_start=t_start)
     return await _run(request, entry, job, framing, req.stream, req.debug_render_only)
+
+
+async def _images(request: web.Request, entry: PairEntry) -> web.StreamResponse:
+    """Images: the upstream Ollama runs them where it has the pair's target, else Ollama's refusal
+    (scheduleRunner: `<full name> does not support vision`)."""
+    forwarded = await proxy.images_upstream(request, entry)
+    if forwarded is None:
+        raise ApiError(400, f"{full_name(entry)} does not support vision")
+    return forwarded
 
 
 async def _run(request: web.Request, entry: PairEntry, job: Job, framing: OllamaFraming, stream: bool,

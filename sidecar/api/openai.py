@@ -23,6 +23,7 @@ from sidecar.api.respond import joined, logprobs_json, respond
 from sidecar.api.wire import ApiError, dumps, json_response, read_body
 from sidecar.config.entries import PairEntry
 from sidecar.runtime.contract import Delta, Job, Outcome, Prompt
+from sidecar.runtime.render import full_name
 
 SSE = "text/event-stream"
 FINGERPRINT = "fp_ollama"  # what Ollama sends; clients that branch on it see Ollama
@@ -178,6 +179,13 @@ def _find(request: web.Request, body: dict[str, Any]) -> PairEntry:
     return find_pair(request, name)
 
 
+def _has_images(body: dict[str, Any]) -> bool:
+    msgs = body.get("messages")
+    return isinstance(msgs, list) and any(
+        isinstance(m, dict) and isinstance(m.get("content"), list)
+        and any(isinstance(p, dict) and p.get("type") == "image_url" for p in m["content"]) for m in msgs)
+
+
 def _messages(entry: PairEntry, body: dict[str, Any]) -> list[dict[str, Any]]:
     """OpenAI messages as Ollama's: a content array becomes one message per text part."""
     raw = body.get("messages")
@@ -208,9 +216,9 @@ def _messages(entry: PairEntry, body: dict[str, Any]) -> list[dict[str, Any]]:
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind == "text" and isinstance(part.get("text"), str):
                     out.append({"role": role, "content": part["text"]})
-                elif kind in ("image_url", "input_audio"):
-                    what = "images" if kind == "image_url" else "audio"
-                    raise ApiError(400, f'"{entry.name}" does not support {what}')
+                elif kind in ("image_url", "input_audio"):  # (images went upstream, if they could)
+                    what = "vision" if kind == "image_url" else "audio"
+                    raise ApiError(400, f"{full_name(entry)} does not support {what}")
                 else:
                     raise ApiError(400, f"invalid message {i}: unsupported content part")
         else:
@@ -338,6 +346,10 @@ class OpenAIFraming:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_body(request)
     entry = _find(request, body)
+    if _has_images(body):
+        forwarded = await proxy.images_upstream(request, entry)
+        if forwarded is not None:
+            return forwarded
     prompt = Prompt.of_chat(_messages(entry, body), _tools(body), think=_think(body))
     job = Job(prompt, sampling(body, completion=False), _response_format(body),
               logprobs=_logprobs(body, completion=False))

@@ -29,7 +29,9 @@ from yarl import URL
 
 from sidecar.api.pairs import runtime_of
 from sidecar.api.wire import ApiError, ClientGone, error_for, while_connected
+from sidecar.config.entries import PairEntry
 from sidecar.config.schema import UpstreamKind
+from sidecar.models.resolve import ModelNotFound, parse_ollama_name
 from sidecar.observability import metrics
 
 log = logging.getLogger("sidecar.api.proxy")
@@ -168,9 +170,11 @@ class Upstream:
         return None
 
     # -- forwarding ------------------------------------------------------------------------------
-    async def forward(self, request: web.Request, body: bytes | None = None) -> web.StreamResponse:
+    async def forward(self, request: web.Request, body: bytes | None = None,
+                      rewrite: Callable[[bytes], bytes] | None = None) -> web.StreamResponse:
         """Pass the request through and stream the answer back. `body`: the bytes, when a route
-        already read them to find the model; otherwise the body is streamed up as it arrives."""
+        already read them to find the model; otherwise the body is streamed up as it arrives.
+        `rewrite`: edit the answer line by line (it then goes up uncompressed)."""
         seen = ",".join(request.headers.getall(VIA, []))
         if self.ident in seen:
             return error_for(request, 508, f"upstream {self.url} points back at this spec-sidecar; "
@@ -179,6 +183,9 @@ class Upstream:
         headers.add(VIA, self.ident)
         skip_auto = {h for h in (hdrs.USER_AGENT, hdrs.ACCEPT, hdrs.ACCEPT_ENCODING, hdrs.CONTENT_TYPE)
                      if h not in request.headers}
+        if rewrite is not None:
+            headers.popall(hdrs.ACCEPT_ENCODING, None)
+            skip_auto.add(hdrs.ACCEPT_ENCODING)
         data: Any = None
         if body is not None:
             headers.popall(hdrs.CONTENT_LENGTH, None)  # aiohttp sets it from the bytes
@@ -200,21 +207,31 @@ class Upstream:
             metrics.observe_upstream_error(request, _error_kind(e))
             return error_for(request, 502, f"upstream {self.url} is unreachable: {e}")
         try:
-            return await self._relay(request, up)
+            return await self._relay(request, up, rewrite)
         finally:
             up.close()  # no-op after a full read; otherwise it drops the upstream connection
 
-    async def _relay(self, request: web.Request, up: aiohttp.ClientResponse) -> web.StreamResponse:
+    async def _relay(self, request: web.Request, up: aiohttp.ClientResponse,
+                     rewrite: Callable[[bytes], bytes] | None = None) -> web.StreamResponse:
+        """Stream the upstream's answer back; `rewrite` edits it line by line (NDJSON, SSE)."""
         resp = web.StreamResponse(status=up.status, reason=up.reason)
         for k, v in forward_headers(up.headers.items()).items():
             resp.headers.add(k, v)
+        if rewrite is not None:
+            resp.headers.popall(hdrs.CONTENT_LENGTH, None)
+        pending = b""
         try:
             await resp.prepare(request)
             while True:
                 chunk = await while_connected(request, up.content.readany())
                 if not chunk:
                     break
+                if rewrite is not None:
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    chunk = b"".join(rewrite(ln) + b"\n" for ln in lines)
                 await resp.write(chunk)
+            if rewrite is not None and pending:
+                await resp.write(rewrite(pending))
             await resp.write_eof()
         except (ClientGone, ConnectionResetError):
             log.info("client went away; closing the upstream request %s %s", request.method, request.path)
@@ -353,6 +370,65 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     if not request.path.startswith("/v1/") and await up.flavour() == "lmstudio":
         return error_for(request, up.lmstudio_error(name).status, up.lmstudio_error(name).message)
     return await up.forward(request, raw)
+
+
+def upstream_target(entry: PairEntry) -> str | None:
+    """The pair's target as the upstream Ollama names it, if the target is an Ollama model (not a
+    path, pkg: or lmstudio: reference)."""
+    ref = entry.config.from_
+    if entry.config.engine != "llama.cpp" or ref.startswith(("pkg:", "lmstudio:", "/", "./", "../", "~")) \
+            or ref.endswith(".gguf"):
+        return None
+    return ref
+
+
+def _same_model(a: str, b: str) -> bool:
+    try:
+        return [p.lower() for p in parse_ollama_name(a)] == [p.lower() for p in parse_ollama_name(b)]
+    except ModelNotFound:
+        return False
+
+
+def _renamed(name: str, fallback: str) -> Callable[[bytes], bytes]:
+    """An answer line (an NDJSON chunk, or an SSE `data:` line) under the pair's name; Ollama's
+    final chunk also says why the pair did not run it (`fallback`)."""
+
+    def rewrite(line: bytes) -> bytes:
+        sse = line.startswith(b"data: ")
+        text = line[6:] if sse else line
+        if not text.strip().startswith(b"{"):
+            return line
+        obj = _json(text)
+        if not obj:
+            return line
+        if "model" in obj:
+            obj["model"] = name
+        if not sse and obj.get("done") is True:
+            obj["fallback"] = fallback
+        out = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+        return b"data: " + out if sse else out
+
+    return rewrite
+
+
+async def images_upstream(request: web.Request, entry: PairEntry) -> web.StreamResponse | None:
+    """A request with images for a pair whose target is one of the upstream Ollama's models: it
+    runs there, without speculation (this daemon runs no vision model), and comes back under the
+    pair's name with `fallback: "images"`. None where there is no such upstream model (the
+    caller answers Ollama's 400). An unreachable upstream is the usual 502."""
+    up = upstream_of(request)
+    target = upstream_target(entry)
+    if up is None or target is None or await up.flavour() != "ollama":
+        return None
+    tags = await up.get_json(request, "/api/tags")
+    if tags is not None:
+        names = [m.get("name", "") for m in tags.get("models", []) if isinstance(m, dict)]
+        if not any(_same_model(target, n) for n in names):
+            return None
+    body = _json(await request.read())
+    body["model"] = target
+    log.info("%s: images go to the upstream's %s (no speculation)", entry.name, target)
+    return await up.forward(request, json.dumps(body).encode(), _renamed(entry.name, "images"))
 
 
 async def catch_all(request: web.Request) -> web.StreamResponse:

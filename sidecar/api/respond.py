@@ -20,7 +20,7 @@ from aiohttp import web
 from sidecar.api.pairs import runtime_of
 from sidecar.api.wire import ApiError, ClientGone, client_gone, while_connected
 from sidecar.config.entries import PairEntry
-from sidecar.errors import BadGateway, ClientError, Unavailable
+from sidecar.errors import BadGateway, ClientError, ServerError, Unavailable
 from sidecar.observability import metrics
 from sidecar.runtime.contract import Delta, Job, Logprob, Outcome, TokenLogprob
 from sidecar.runtime.generation import ShuttingDown
@@ -82,6 +82,8 @@ def api_error(e: BaseException, unknown: str = RUNNING_THE_MODEL) -> ApiError:
         return ApiError(503, str(e))
     if isinstance(e, BadGateway):
         return ApiError(502, str(e))
+    if isinstance(e, ServerError):
+        return ApiError(500, str(e))
     return ApiError(500, f"{unknown}: {e}")
 
 

@@ -268,8 +268,10 @@ class Context:
         self.ctx = ctx
         self.memory = C.llama_get_memory(ctx)
         self.n_seq = n_seq
-        self.n_cells = int(C.llama_n_ctx(ctx))  # the pool
-        self.n_ctx = self.n_cells // n_seq  # each sequence's window
+        self.n_cells = int(C.llama_n_ctx(ctx))  # the pool (llama.cpp pads it: 300 asked gives 512)
+        # Each sequence's window is what was asked for, not the padding: so a num_ctx of 300 is 300
+        # everywhere (truncation, shifts, /api/ps, and the next request's num_ctx compared with it).
+        self.n_ctx = min(params.n_ctx, self.n_cells // n_seq)
         self.n_batch = int(C.llama_n_batch(ctx))
         self.n_vocab = weights.n_vocab
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.config.entries import PairEntry
-from sidecar.errors import ClientError
+from sidecar.errors import ClientError, ServerError
 from sidecar.models.resolve import parse_ollama_name
 from sidecar.runtime.contract import Model, Prompt, Vocabulary
 from sidecar.runtime.format import PairFormat, TemplateSource
@@ -21,8 +21,9 @@ from sidecar.templates.chat import ChatTemplate, GoChatTemplate, JinjaChatTempla
 from sidecar.templates.parsers import ThinkingParser
 
 
-class PromptError(ClientError):
-    """The pair's template cannot render this prompt."""
+class PromptError(ServerError):
+    """The pair's template cannot render this prompt: Ollama answers 500 (routes.go, both when a
+    request's own template does not parse and when a template fails while executing)."""
 
 
 class Unsupported(ClientError):
@@ -40,7 +41,7 @@ def admit(entry: PairEntry, fmt: PairFormat, prompt: Prompt) -> Prompt:
     can think thinks unless told not to; asking one that cannot is the client's error."""
     caps = fmt.capabilities
     if prompt.tools and "tools" not in caps:
-        raise Unsupported(f"{entry.name} does not support tools")
+        raise Unsupported(f"{full_name(entry)} does not support tools")
     if prompt.suffix and "insert" not in caps:
         raise Unsupported(f"{full_name(entry)} does not support insert")
     think = prompt.think
