@@ -12,8 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sidecar.templates.gotemplate import GoTemplate, TemplateError
+from sidecar.templates.named import levenshtein, named, named_templates
 from sidecar.templates.ollama import render_ollama
 
 # ---------------------------------------------------------------------------------------------
@@ -581,6 +584,132 @@ def test_tool_printing_and_ranging() -> None:
     )
     no_tools = GoTemplate("{{ .Tools }}|{{ json .Tools }}|{{ range .Messages }}{{ .ToolCalls }}{{ end }}")
     assert render_ollama(no_tools, [{"role": "user", "content": "q"}]) == "null|null|[]"
+
+
+# Open WebUI's kind of tool: what json.Marshal must escape, a Go map (sorted) and an ordered one
+# (*api.ToolPropertiesMap keeps the caller's order), `items` as a plain `any`, and a nested `required`.
+WIDE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the weather <now> & later",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "when": {
+                    "type": "object",
+                    "properties": {"day": {"type": "integer"}, "at": {"type": "string"}},
+                    "required": ["day"],
+                },
+                "unit": {"type": ["string", "null"], "enum": ["c", "f"]},
+                "location": {"type": "string", "description": "The city"},
+                "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}},
+            },
+            "required": ["location"],
+        },
+    },
+}
+# json.Marshal(templateTool): fields in struct order (type, items omitted, function; name,
+# description, parameters; type, required, properties), templateProperties' keys sorted, the nested
+# ToolPropertiesMap in insertion order, ToolProperty.Required last, <>& as \u003c \u003e \u0026.
+WIDE_TOOL_JSON = (
+    '{"type":"function","function":{"name":"get_weather",'
+    '"description":"Get the weather \\u003cnow\\u003e \\u0026 later",'
+    '"parameters":{"type":"object","required":["location"],"properties":{'
+    '"location":{"type":"string","description":"The city"},'
+    '"tags":{"type":"array","items":{"maxLength":3,"type":"string"}},'
+    '"unit":{"type":["string","null"],"enum":["c","f"]},'
+    '"when":{"type":"object","properties":{"day":{"type":"integer"},"at":{"type":"string"}},"required":["day"]}'
+    "}}}}"
+)
+
+
+def test_a_tool_prints_as_its_json() -> None:
+    """`{{ . }}` over .Tools is templateTool.String() (template/template.go): its json.Marshal,
+    byte for byte, where Go's struct syntax (`{function <nil> {get_weather ...}}`) used to print."""
+    template = GoTemplate("{{ range .Messages }}{{ end }}{{ range .Tools }}{{ . }}|{{ printf \"%v\" . }}{{ end }}")
+    out = render_ollama(template, [{"role": "user", "content": "q"}], tools=[WIDE_TOOL])
+    assert out == WIDE_TOOL_JSON + "|" + WIDE_TOOL_JSON
+    whole = GoTemplate("{{ range .Messages }}{{ end }}{{ .Tools }}|{{ index .Tools 0 }}|{{ json (index .Tools 0) }}")
+    assert render_ollama(whole, [{"role": "user", "content": "q"}], tools=[WIDE_TOOL]) == (
+        f"[{WIDE_TOOL_JSON}]|{WIDE_TOOL_JSON}|{WIDE_TOOL_JSON}"
+    )
+
+
+def test_only_what_has_a_string_method_in_ollama_prints_json() -> None:
+    """templateToolFunction and templateToolFunctionParameters have no String(): `{{ .Function }}`
+    prints Go's struct syntax in Ollama too (ollama#14601), fields that have one (the properties)
+    print through it, and an api.ToolProperty prints as a struct with its PropertyType's String()."""
+    template = GoTemplate(
+        "{{ range .Messages }}{{ end }}{{ range .Tools }}{{ .Function }}|{{ .Function.Parameters }}|"
+        "{{ .Function.Parameters.Properties.unit }}{{ end }}"
+    )
+    props = WIDE_TOOL_JSON.split('"properties":', 1)[1][: -len("}}}")]  # less the closing parameters, function, tool
+    assert render_ollama(template, [{"role": "user", "content": "q"}], tools=[WIDE_TOOL]) == (
+        f"{{get_weather Get the weather <now> & later {{object <nil> <nil> [location] {props}}}}}"
+        f"|{{object <nil> <nil> [location] {props}}}"
+        "|{[] [string null] <nil>  [c f] <nil> []}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Ollama's built-in templates and template.Named (templates.named)
+# ---------------------------------------------------------------------------------------------
+
+
+def _levenshtein_table(a: str, b: str) -> int:
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="ab{}%\n€😀", max_size=90), st.text(alphabet="ab{}%\n€😀", max_size=90))
+def test_levenshtein_is_the_edit_distance_in_code_points(a: str, b: str) -> None:
+    # Past 64 characters the bit vector spans several machine words.
+    assert levenshtein(a, b) == _levenshtein_table(a, b) == levenshtein(b, a)
+
+
+def test_every_index_entry_names_itself() -> None:
+    """Ollama's TestNamed: its testdata/templates.jsonl holds exactly index.json's jinja texts."""
+    templates = named_templates()
+    assert len(templates) == 37 and len({t.name for t in templates}) == 19
+    for t in templates:
+        found = named(t.jinja)
+        assert found is not None and found.name == t.name
+        assert GoTemplate(found.text).root.nodes  # every built-in parses here
+
+
+SMOLLM2_JINJA = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def test_a_near_jinja_is_named_and_a_far_one_is_not() -> None:
+    # SmolLM2's jinja is 41 edits from two chatml entries (a default system prompt): the first wins.
+    found = named(SMOLLM2_JINJA)
+    assert found is not None and found.name == "chatml"
+    assert found.text == "{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n{{ end }}" \
+        "<|im_start|>assistant\n"
+    assert found.parameters == {"stop": ["<|im_start|>", "<|im_end|>"]}
+    distances = [levenshtein(SMOLLM2_JINJA, t.jinja) for t in named_templates()]
+    assert min(distances) == 41 and distances.index(41) == named_templates().index(found)
+    assert named("{% for m in messages %}" + "x" * 200 + "{% endfor %}") is None  # 100 edits or more: none
+
+
+def test_built_in_templates_are_ollamas_files() -> None:
+    """The shipped .gotmpl files are the ones the conformance data was rendered from."""
+    shipped = {t.name: t.text for t in named_templates()}
+    for path in _template_paths():
+        if path.stem in shipped:
+            assert path.read_text(encoding="utf-8") == shipped[path.stem], path.name
 
 
 def test_think_values() -> None:

@@ -272,6 +272,7 @@ _TOOL_PROPERTY_LAYOUT: Final[JSONLayout] = (
     ("Description", "description", OMIT_EMPTY),
     ("Enum", "enum", OMIT_EMPTY),
     ("Properties", "properties", OMIT_NIL),
+    ("Required", "required", OMIT_EMPTY),
 )
 
 
@@ -294,12 +295,19 @@ def _tool_property(p: Mapping[str, Any]) -> Struct:
             sort_keys=False,
             type_name="*api.ToolPropertiesMap",
         ),
+        "Required": _string_slice(p.get("required")),
     }
     return Struct("api.ToolProperty", fields, _TOOL_PROPERTY_LAYOUT)
 
 
 def _template_tools(tools: Sequence[Mapping[str, Any]] | None) -> GoSlice:
-    """convertToolsForTemplate(): Tools prints as JSON; Properties become a sorted Go map."""
+    """convertToolsForTemplate(): Tools prints as JSON; Properties become a sorted Go map.
+
+    What prints as JSON is exactly what has a String() method in Ollama's template/template.go:
+    templateTools, templateTool (``{{ range .Tools }}{{ . }}{{ end }}``) and templateProperties.
+    templateToolFunction and templateToolFunctionParameters have none, so ``{{ .Function }}`` prints
+    Go's struct syntax in Ollama too (ollama#14601); matching that keeps prompts byte-identical.
+    """
     result = GoSlice(is_nil=tools is None, stringer=True, type_name="template.templateTools")
     for tool in tools or ():
         function = tool.get("function") or {}
@@ -334,6 +342,7 @@ def _template_tools(tools: Sequence[Mapping[str, Any]] | None) -> GoSlice:
                 "template.templateTool",
                 {"Type": _str_field(tool, "type"), "Items": _go_any(tool.get("items")), "Function": fn},
                 _TOOL_LAYOUT,
+                stringer=True,  # func (t templateTool) String(): json.Marshal(t)
             )
         )
     return result
