@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -15,7 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.engine.decoder import Result
 from sidecar.observability import metrics
-from tests.conftest import Daemon
+from tests.conftest import Daemon, write_config
+from tests.models import write_tiny_llama
+from tests.test_service import log_records
 
 Factory = Callable[..., Awaitable[TestClient]]
 
@@ -48,6 +54,9 @@ class FakeRuntime:
 
     def loaded_entries(self) -> list[tuple[FakeEntry, FakeServed]]:
         return self.loaded
+
+    def status(self) -> list[FakeServed]:
+        return list({id(served): served for _, served in self.loaded}.values())
 
 
 def make_app(runtime: FakeRuntime | None = None) -> web.Application:
@@ -133,7 +142,7 @@ async def test_models_config_upstream(aiohttp_client: Factory) -> None:
     assert s['sidecar_config_reloads_total{result="failure"}'] == 0
 
     shared = FakeServed(busy=2, steps=10, rows=35, cached_tokens=900)  # two pairs riding on one target
-    rt.pending = 3
+    rt.pending = 3  # the two running on it, and one waiting
     rt.loaded = [(FakeEntry("a:1"), shared), (FakeEntry("b:1"), shared), (FakeEntry("c:1"), FakeServed())]
     metrics.observe_model_load(app, "a:1", 2.0)
     for hook in rt.on_load:  # what the runtime calls when it loads a pair
@@ -143,7 +152,7 @@ async def test_models_config_upstream(aiohttp_client: Factory) -> None:
     metrics.observe_upstream_error(app, "connect")
     metrics.observe_upstream_error(app, "connect")
     s = await scrape(client)
-    assert s["sidecar_queue_depth"] == 3
+    assert s["sidecar_queue_depth"] == 1
     assert s["sidecar_models_loaded"] == 2
     assert s['sidecar_model_loaded{model="b:1"}'] == 1
     assert s['sidecar_batch_sequences{model="a:1"}'] == 2
@@ -241,3 +250,128 @@ def test_daemon_serves_metrics(daemon: Daemon) -> None:
     assert s["sidecar_model_loaded[('model', 'tiny:test')]"] == 1
     # The Host check is on for the loopback listener, /metrics included.
     assert httpx.get(daemon.url + "/metrics", headers={"Host": "evil.example"}, timeout=10).status_code == 403
+
+
+# -- the real daemon, driven by clients --------------------------------------------------------------
+T = 120
+X = TypeVar("X")
+
+
+@pytest.fixture(scope="module")
+def slow_daemon(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, tiny: Path) -> Iterator[Daemon]:
+    """The tiny model, and one slow enough that a stream lasts many seconds, with never an end of
+    its own and one sequence: a second request waits for the first."""
+    slow = model_dir / "endless-wide.gguf"
+    if not slow.exists():
+        write_tiny_llama(slow, seed=1, end_bias=0.0, n_embd=512, n_head=8, n_head_kv=4, n_ff=1024, n_layer=8)
+    cfg = write_config(tmp_path_factory.mktemp("metrics") / "pairs.yaml", f"""
+pairs:
+  tiny:test:
+    from: {tiny}
+    parameters: {{temperature: 0, num_ctx: 256, num_predict: 4}}
+    runtime: {{num_thread: 1}}
+  slow:one:
+    from: {slow}
+    parameters: {{temperature: 0, num_ctx: 1024}}
+    runtime: {{num_thread: 1, num_parallel: 1}}
+""")
+    d = Daemon(cfg)
+    # Loaded up front: the tests below time their requests against a generation, not a load.
+    r = httpx.post(d.url + "/api/generate", json={"model": "slow:one", "prompt": "a", "stream": False,
+                                                  "options": {"num_predict": 1}}, timeout=T)
+    assert r.status_code == 200, r.text
+    yield d
+    d.stop()
+
+
+def samples(d: Daemon) -> dict[str, float]:
+    r = httpx.get(d.url + "/metrics", timeout=T)
+    assert r.status_code == 200
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(r.text):
+        for x in fam.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(x.labels.items()))
+            out[f"{x.name}{{{labels}}}" if labels else x.name] = x.value
+    return out
+
+
+def until(fetch: Callable[[], X], check: Callable[[X], bool], what: str, timeout: float = 30) -> X:
+    """fetch() until check() holds for what it got."""
+    deadline = time.monotonic() + timeout
+    while not check(got := fetch()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return got
+
+
+def test_refused_requests_carry_the_model_their_body_names(slow_daemon: Daemon) -> None:
+    """A body refused before its pair was looked up still names it: the 400 is labelled with the
+    pair. Names that are no pair, and bodies that name nothing, stay unlabelled."""
+    url = slow_daemon.url
+    assert httpx.post(url + "/api/generate", json={"model": "tiny:test", "prompt": "x", "options": "hot"},
+                      timeout=T).status_code == 400
+    assert httpx.post(url + "/api/chat", json={"model": "TINY:test", "messages": "hi"}, timeout=T).status_code == 400
+    assert httpx.post(url + "/api/embed", json={"model": "tiny:test", "input": "x"}, timeout=T).status_code == 400
+    assert httpx.post(url + "/api/generate", json={"model": "nope:x", "prompt": "x", "options": "hot"},
+                      timeout=T).status_code == 400
+    assert httpx.post(url + "/api/generate", content=b"{not json", timeout=T).status_code == 400
+    s = samples(slow_daemon)
+    assert s['sidecar_requests_total{endpoint="/api/generate",model="tiny:test",status="400"}'] == 1
+    assert s['sidecar_requests_total{endpoint="/api/chat",model="tiny:test",status="400"}'] == 1
+    assert s['sidecar_requests_total{endpoint="/api/embed",model="tiny:test",status="400"}'] == 1
+    assert s['sidecar_requests_total{endpoint="/api/generate",model="",status="400"}'] == 2
+    assert not any('model="nope:x"' in k for k in s)
+
+
+def test_queue_depth_counts_only_the_waiting(slow_daemon: Daemon) -> None:
+    depth = "sidecar_queue_depth"
+    running = 'sidecar_batch_sequences{model="slow:one"}'
+    second: dict[str, Any] = {}
+
+    def queued() -> None:
+        r = httpx.post(slow_daemon.url + "/api/generate", timeout=T, json={
+            "model": "slow:one", "prompt": "b", "stream": False, "options": {"num_predict": 2}})
+        second["status"] = r.status_code
+
+    body = {"model": "slow:one", "prompt": "a", "options": {"num_predict": -1}}
+    with httpx.stream("POST", slow_daemon.url + "/api/generate", json=body, timeout=T) as first:
+        lines = first.iter_lines()  # kept: an iterator dropped closes the stream
+        next(lines)  # generating: it holds the pair's one sequence
+        s = samples(slow_daemon)
+        assert (s[running], s[depth]) == (1, 0)
+        t = threading.Thread(target=queued)
+        t.start()
+        s = until(lambda: samples(slow_daemon), lambda s: s[depth] > 0, "the second request to queue")
+        assert (s[running], s[depth]) == (1, 1)
+    t.join(T)  # closing the first stream let the second run
+    assert second["status"] == 200
+    until(lambda: samples(slow_daemon), lambda s: s[depth] == 0, "an empty queue")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_an_aborted_generation_counts_its_tokens(slow_daemon: Daemon, stream: bool) -> None:
+    """A client that leaves mid-generation (closing a stream, or timing out on a whole answer):
+    what was generated until the engine stopped counts, and the summary line says as much."""
+    tokens = 'sidecar_generation_tokens_total{model="slow:one"}'
+    before = samples(slow_daemon).get(tokens, 0)
+    rid = uuid.uuid4().hex
+    body = {"model": "slow:one", "prompt": "a", "stream": stream, "options": {"num_predict": -1}}
+    received = 0
+    if stream:
+        with httpx.stream("POST", slow_daemon.url + "/api/generate", json=body, timeout=T,
+                          headers={"X-Request-Id": rid}) as r:
+            for _ in zip(range(20), r.iter_lines(), strict=False):
+                received += 1
+    else:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up on a generation that does not end
+            httpx.post(slow_daemon.url + "/api/generate", json=body, headers={"X-Request-Id": rid},
+                       timeout=httpx.Timeout(T, read=1.5))
+
+    def summaries() -> list[dict[str, Any]]:
+        return [rec for rec in log_records(slow_daemon) if rec.get("request_id") == rid and rec["event"] == "request"]
+
+    [line] = until(summaries, bool, "the aborted request's summary line")
+    counted = samples(slow_daemon)[tokens] - before
+    assert line["status"] == "aborted" and line["done_reason"] == "cancel", line
+    assert line["tokens"] == counted >= max(received, 1)
+    assert counted < 10 * 1024  # stopped, not run to its length limit

@@ -15,6 +15,7 @@ import ollama
 import openai
 import pytest
 
+import sidecar
 from tests import openapi
 from tests.conftest import SMOLLM2_REF, Daemon, write_config
 from tests.models import write_tiny_llama
@@ -134,7 +135,9 @@ def test_openai_logprobs(daemon: Daemon) -> None:
 def test_show_returns_the_go_template_and_full_arrays_when_verbose(daemon: Daemon) -> None:
     client = ollama.Client(host=daemon.url)
     assert client.show("coder:fim").template == FIM
-    assert client.show("smollm2:135m").template == ""  # served with the GGUF's jinja: no Go template
+    # Served with the GGUF's jinja; shown as the Go template `ollama create` detects for it.
+    chatml = (Path(sidecar.__file__).parent / "templates" / "gotmpl" / "chatml.gotmpl").read_text()
+    assert client.show("smollm2:135m").template == chatml
     short = post(daemon, "/api/show", model="smollm2:135m").json()["model_info"]
     full = post(daemon, "/api/show", model="smollm2:135m", verbose=True).json()["model_info"]
     for info in (short, full):

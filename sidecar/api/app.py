@@ -7,8 +7,8 @@ import logging
 from aiohttp import web
 
 from sidecar.api import admin, guard, lifecycle, ollama, openai, proxy
-from sidecar.api.pairs import RUNTIME
-from sidecar.api.respond import api_error
+from sidecar.api.pairs import RUNTIME, runtime_of
+from sidecar.api.respond import api_error, log_request, request_logged
 from sidecar.api.wire import error_for
 from sidecar.config.schema import UpstreamKind
 from sidecar.observability import metrics
@@ -17,6 +17,62 @@ from sidecar.runtime.manager import Runtime
 log = logging.getLogger("sidecar.api")
 
 MAX_BODY = 64 * 1024 * 1024  # generous for long prompts and images, small enough to refuse abuse
+# The routes that generate (embeddings too: a pair refuses them, the upstream runs them): each
+# request to one logs one summary line (sidecar.request), whatever its end.
+GENERATION_ROUTES = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings",
+                               "/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+MAX_LOGGED_NAME = 128  # a model name a client sent, as far as a summary line quotes it
+
+
+@web.middleware
+async def refusals(request: web.Request, handler: lifecycle.Handler) -> web.StreamResponse:
+    """Account a request that ended in an error before a generation could account for it.
+
+    Such a request may have been refused before its pair was looked up (a bad field, images or
+    embeddings for a pair): if its body names a pair, its sidecar_requests_total sample gets the
+    pair's name. And a generation route's request that respond() did not log (refused before it
+    ran, by the guards, the drain, the handler or the upstream) gets its summary line here.
+
+    Inside the metrics middleware, which reads the label afterwards, and outside the guards and
+    the drain, whose refusals are requests too."""
+    clock = metrics.TokenClock()
+    try:
+        resp = await handler(request)
+    except web.HTTPException as e:
+        await _refused(request, e.status, clock)
+        raise
+    await _refused(request, resp.status, clock)
+    return resp
+
+
+async def _refused(request: web.Request, status: int, clock: metrics.TokenClock) -> None:
+    """Label an error's sample with the pair the body names; log the summary line respond() did not."""
+    if status < 400:
+        return
+    pair = metrics.model_of(request)
+    resource = request.match_info.route.resource
+    needs_line = resource is not None and resource.canonical in GENERATION_ROUTES and not request_logged(request)
+    if pair is not None and not needs_line:
+        return
+    name = pair or await _body_model(request)
+    if pair is None and name is not None and (entry := runtime_of(request).find(name)) is not None:
+        pair = entry.name
+        metrics.set_model(request, pair)
+    if needs_line:
+        log_request(request, pair or (name[:MAX_LOGGED_NAME] if name else None), None,
+                    "aborted" if status == 499 else f"error {status}", clock)
+
+
+async def _body_model(request: web.Request) -> str | None:
+    """The model the request's JSON body names, if the handler read the body: one nobody read
+    stays unread here (it may be large, or still arriving)."""
+    if not request.body_exists or not request.content.at_eof():
+        return None
+    _, body = await proxy.peek(request)  # the bytes the handler read, kept by aiohttp
+    for key in ("model", "name"):  # /api/show and Ollama's older clients name it `name`
+        if isinstance(v := body.get(key), str) and v.strip():
+            return v
+    return None
 
 
 @web.middleware
@@ -47,8 +103,8 @@ def create_app(runtime: Runtime, *, bind_host: str = "127.0.0.1", upstream: str 
     """`bind_host` is the listen address: on loopback the Host-header (DNS-rebinding) check is on.
     `upstream`: the real Ollama (or LM Studio) that serves everything that is not a pair."""
     drain = lifecycle.Drain()
-    app = web.Application(middlewares=[lifecycle.request_id, metrics.middleware, *guard.middlewares(bind_host),
-                                       drain.middleware, errors],
+    app = web.Application(middlewares=[lifecycle.request_id, metrics.middleware, refusals,
+                                       *guard.middlewares(bind_host), drain.middleware, errors],
                           client_max_size=MAX_BODY)
     app[lifecycle.DRAIN] = drain
     app.on_response_prepare.append(guard.on_response_prepare)

@@ -6,11 +6,18 @@ status code), then either collect the whole answer or stream it, stop when the c
 end a stream with the flavour's closing chunk, or with one error chunk when generation fails
 after the first byte, and account for the request (its log line and metrics). How chunks look is
 the `Framing`'s job: Ollama's NDJSON (api.ollama) and OpenAI's SSE (api.openai).
+
+A client that leaves mid-generation is not cut off blindly: the request's own stop, handed to the
+runtime with the job, stops the engine at its next step, and the `cancel` Outcome that ends the
+generation then is accounted like any other, so the tokens of aborted requests count too.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -29,6 +36,11 @@ log = logging.getLogger("sidecar.api")
 requests_log = structlog.get_logger("sidecar.request")
 
 RUNNING_THE_MODEL = "an error was encountered while running the model"
+ABORT_GRACE = 5.0  # seconds an aborted generation may take to reach its engine's next step and end
+# Set once a request's summary line is written, so the app's middleware writes none of its own.
+LOGGED = web.RequestKey("sidecar_request_logged", bool) if hasattr(web, "RequestKey") else "sidecar.request_logged"
+
+
 class Framing(Protocol):
     """How one API flavour writes a generation. A framing is made per request: it may keep state
     (OpenAI's first delta carries the role, a stream with tool calls finishes as `tool_calls`)."""
@@ -90,33 +102,70 @@ def api_error(e: BaseException, unknown: str = RUNNING_THE_MODEL) -> ApiError:
 async def respond(request: web.Request, entry: PairEntry, job: Job, framing: Framing,
                   stream: bool) -> web.StreamResponse:
     clock = metrics.TokenClock()  # started before queueing and loading: both count towards TTFT
-    events = runtime_of(request).generate(entry, job)
+    stop = threading.Event()  # set on the event loop when the client leaves; read by the engine at each step
+    events = runtime_of(request).generate(entry, job, stop.is_set)
     try:
         first = await while_connected(request, events.__anext__())
     except ClientGone:
-        return await _gone(request, entry, events, clock)
+        return await _gone(request, entry, events, clock, stop, None)
     except Exception as e:
         err = api_error(e)
-        log_request(request, entry, None, f"error {err.status}", clock)
+        log_request(request, entry.name, None, f"error {err.status}", clock)
         raise err from e
     if isinstance(first, Outcome) and first.load_only:
         return framing.whole([], first)
     if not stream:
-        return await _whole(request, entry, framing, events, first, clock)
-    return await _stream(request, entry, framing, events, first, clock)
+        return await _whole(request, entry, framing, events, first, clock, stop)
+    return await _stream(request, entry, framing, events, first, clock, stop)
 
 
 async def _gone(request: web.Request, entry: PairEntry, events: AsyncIterator[Delta | Outcome],
-                clock: metrics.TokenClock) -> web.StreamResponse:
+                clock: metrics.TokenClock, stop: threading.Event,
+                rest: Outcome | asyncio.Future[Outcome] | None) -> web.StreamResponse:
+    """The client went away: stop the generation and account for what it did.
+
+    `rest` is what is left of a generation that got going: its Outcome if that already came, else
+    the task that waits for it. None: the client left before the first event (while queued or
+    loading), so nothing was generated and the stream is just closed."""
     log.info("client went away; generation stopped")
     metrics.observe_client_disconnect(request, request.path, entry.name)
-    log_request(request, entry, None, "aborted", clock)
-    await events.aclose()  # type: ignore[attr-defined]
+    try:
+        outcome = await _stopped(stop, rest) if isinstance(rest, asyncio.Future) else rest
+        if outcome is not None:
+            metrics.observe_generation(request, entry.name, outcome, clock.ttft, clock.itl)  # no final chunk: no e2e
+        log_request(request, entry.name, outcome, "aborted", clock)
+    finally:
+        if isinstance(rest, asyncio.Future):
+            rest.cancel()  # a no-op once it is done
+            with contextlib.suppress(BaseException):
+                await rest
+        await events.aclose()  # type: ignore[attr-defined]
     return web.Response(status=499)  # nobody is listening; nginx's "client closed request"
 
 
+async def _stopped(stop: threading.Event, rest: asyncio.Future[Outcome]) -> Outcome | None:
+    """Stop a generation through its stop and wait for the Outcome that ends it, which counts what
+    it generated. None where that cannot be had: one that does not end within ABORT_GRACE, or one
+    that fails (closing the stream then stops it)."""
+    stop.set()
+    try:
+        return await asyncio.wait_for(rest, ABORT_GRACE)
+    except TimeoutError:
+        log.warning("generation did not stop within %gs of its client leaving; closing it", ABORT_GRACE)
+    except Exception as e:
+        log.info("generation failed after its client went away: %s", e)
+    return None
+
+
+async def _outcome(events: AsyncIterator[Delta | Outcome]) -> Outcome:
+    """The rest of a generation nobody reads any more, dropped: only its Outcome counts."""
+    while not isinstance(ev := await events.__anext__(), Outcome):
+        pass
+    return ev
+
+
 async def _whole(request: web.Request, entry: PairEntry, framing: Framing, events: AsyncIterator[Delta | Outcome],
-                 ev: Delta | Outcome, clock: metrics.TokenClock) -> web.StreamResponse:
+                 ev: Delta | Outcome, clock: metrics.TokenClock, stop: threading.Event) -> web.StreamResponse:
     parts: list[Delta] = []
 
     async def collect(ev: Delta | Outcome) -> Outcome:
@@ -126,20 +175,24 @@ async def _whole(request: web.Request, entry: PairEntry, framing: Framing, event
             ev = await events.__anext__()
         return ev
 
+    # Shielded: when the client leaves, the collecting goes on until the aborted generation's Outcome.
+    task = asyncio.ensure_future(collect(ev))
     try:
-        outcome = await while_connected(request, collect(ev))
+        outcome = await while_connected(request, asyncio.shield(task))
     except ClientGone:
-        return await _gone(request, entry, events, clock)
+        return await _gone(request, entry, events, clock, stop, task)
     except Exception as e:
         err = api_error(e)
-        log_request(request, entry, None, f"error {err.status}", clock)
+        log_request(request, entry.name, None, f"error {err.status}", clock)
         raise err from e
+    finally:
+        task.cancel()  # a no-op once it is done; else (the handler itself was cancelled) it stops the generation
     _finished(request, entry, outcome, clock)
     return framing.whole(parts, outcome)
 
 
 async def _stream(request: web.Request, entry: PairEntry, framing: Framing, events: AsyncIterator[Delta | Outcome],
-                  ev: Delta | Outcome, clock: metrics.TokenClock) -> web.StreamResponse:
+                  ev: Delta | Outcome, clock: metrics.TokenClock, stop: threading.Event) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": framing.content_type})
     await resp.prepare(request)
     try:
@@ -155,11 +208,12 @@ async def _stream(request: web.Request, entry: PairEntry, framing: Framing, even
         await resp.write(framing.end())
         _finished(request, entry, ev, clock)
     except (ConnectionResetError, ConnectionError):
-        await _gone(request, entry, events, clock)
+        await _gone(request, entry, events, clock, stop,
+                    ev if isinstance(ev, Outcome) else asyncio.ensure_future(_outcome(events)))
         return resp
     except Exception as e:  # after the first byte: one last error chunk, no normal ending
         err = _failed_mid_stream(e)
-        log_request(request, entry, None, f"error {err.status}", clock)
+        log_request(request, entry.name, None, f"error {err.status}", clock)
         await resp.write(framing.encode(framing.error(err.message)))
     await resp.write_eof()
     return resp
@@ -176,20 +230,22 @@ def _failed_mid_stream(e: BaseException) -> ApiError:
 
 def _finished(request: web.Request, entry: PairEntry, o: Outcome, clock: metrics.TokenClock) -> None:
     """Account a completed generation: the request's log line and its metrics."""
-    log_request(request, entry, o, "ok", clock)
+    log_request(request, entry.name, o, "ok", clock)
     metrics.observe_generation(request, entry.name, o, clock.ttft, clock.itl, clock.elapsed())
 
 
-def log_request(request: web.Request, entry: PairEntry, o: Outcome | None, status: str,
+def log_request(request: web.Request, model: str | None, o: Outcome | None, status: str,
                 clock: metrics.TokenClock) -> None:
     """The one summary line per generation request, whatever its end: what it cost and whether
-    speculation paid (ok), or how far it got (aborted, error)."""
+    speculation paid (ok, or aborted with the Outcome its abort ended it with), or how far it got
+    (aborted, error). The app's middleware writes it for the requests that never got here."""
+    request[LOGGED] = True  # type: ignore[index]
     if o is None:
-        requests_log.info("request", path=request.path, model=entry.name, status=status,
+        requests_log.info("request", path=request.path, model=model, status=status,
                           pieces=len(clock.itl) + (clock.first is not None), seconds=round(clock.elapsed(), 3))
         return
     requests_log.info(
-        "request", path=request.path, model=entry.name, status=status, done_reason=o.done_reason,
+        "request", path=request.path, model=model, status=status, done_reason=o.done_reason,
         prompt_tokens=o.prompt_tokens, tokens=o.eval_count,
         tok_s=round(o.eval_count / o.eval_seconds, 1) if o.eval_seconds > 0 else 0.0,
         drafter=o.drafter, draft_tokens=o.draft_tokens, draft_accepted_tokens=o.draft_accepted_tokens,
@@ -197,3 +253,8 @@ def log_request(request: web.Request, entry: PairEntry, o: Outcome | None, statu
         acceptance=round(o.draft_accepted_tokens / o.draft_tokens, 3) if o.draft_tokens else None,
         fallback=o.fallback,
     )
+
+
+def request_logged(request: web.Request) -> bool:
+    """Whether the request's summary line was written (log_request)."""
+    return bool(request.get(LOGGED))  # type: ignore[call-overload]

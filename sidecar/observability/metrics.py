@@ -99,7 +99,13 @@ class RuntimeView(Protocol):
     """What the scrape-time gauges and the load timer read from sidecar.runtime.manager.Runtime."""
 
     @property
-    def pending(self) -> int: ...
+    def pending(self) -> int:
+        """Generation requests admitted and not finished: waiting or running."""
+        ...
+
+    def status(self) -> Sequence[Any]:
+        """A status with `busy` (sequences running in its batch) for every loaded target, each once."""
+        ...
 
     def loaded_entries(self) -> Sequence[tuple[Any, Any]]:
         """(pair entry with a `name`, its loaded target) for every loaded pair."""
@@ -121,7 +127,8 @@ class _RuntimeCollector:
         rt = self.runtime
         queue = GaugeMetricFamily(
             f"{PREFIX}_queue_depth",
-            "Generation requests admitted and not finished (waiting or running); OLLAMA_MAX_QUEUE caps it.",
+            "Generation requests waiting: admitted, not yet generating (loading, or queued for a sequence); "
+            "OLLAMA_MAX_QUEUE caps these and the running ones together.",
         )
         loaded = GaugeMetricFamily(f"{PREFIX}_model_loaded", "1 for each pair whose models are in memory.",
                                    labels=["model"])
@@ -135,7 +142,11 @@ class _RuntimeCollector:
                                    "Prompt tokens the pair's target took from its prefix cache since it loaded.",
                                    labels=["model"])
         if rt is not None:
-            queue.add_metric([], float(rt.pending))
+            # The runtime counts the running requests among the pending ones: those are the
+            # sequences in the targets' batches. (Clamped: a sequence whose client just left
+            # may still sit in a batch after its request stopped counting.)
+            running = sum(st.busy for st in rt.status())
+            queue.add_metric([], float(max(0, rt.pending - running)))
             pairs = rt.loaded_entries()
             for entry, served in pairs:
                 loaded.add_metric([entry.name], 1.0)
@@ -311,6 +322,11 @@ def set_model(request: web.Request, model: str) -> None:
     request[MODEL] = model  # type: ignore[index]
 
 
+def model_of(request: web.Request) -> str | None:
+    """The pair this request's sample is labelled with (set_model), if any yet."""
+    return request.get(MODEL)  # type: ignore[call-overload, no-any-return]
+
+
 def _endpoint(request: web.Request) -> str:
     resource = request.match_info.route.resource
     return resource.canonical if resource is not None else "unmatched"
@@ -320,6 +336,11 @@ def _endpoint(request: web.Request) -> str:
 async def middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                      ) -> web.StreamResponse:
     """Count every request by route, model (see set_model) and final status.
+
+    The model label is a pair's name or empty, never a name as a client wrote it: empty for
+    requests that name no pair (forwarded, unknown, no body), so scanners cannot crowd the
+    pairs out of the bounded label values. The app labels a refused request by the pair its body
+    names even when it was refused before the pair was looked up (api.app.refusals).
 
     Outermost, so the guards' 403s count too (a burst of them is a rebinding attempt). The route's
     pattern, not the raw path, is the endpoint label: paths are client input."""
@@ -335,7 +356,7 @@ async def middleware(request: web.Request, handler: Callable[[web.Request], Awai
         status = 499  # the client closed the connection (nginx's convention)
         raise
     finally:
-        observe_request(request, _endpoint(request), request.get(MODEL), status)  # type: ignore[call-overload]
+        observe_request(request, _endpoint(request), model_of(request), status)
 
 
 def setup(app: web.Application, runtime: RuntimeView | None = None) -> Metrics:
@@ -360,7 +381,8 @@ def observe_request(target: Target, endpoint: str, model: str | None, status: in
 
 def observe_generation(target: Target, model: str, result: GenerationResult, ttft: float | None = None,
                        itl: Sequence[float] = (), e2e: float | None = None) -> None:
-    """One finished generation: tokens, speculation counters, fallback, latencies."""
+    """One generation's tokens, speculation counters, fallback and latencies: a finished one, or one
+    its client left (its abort's `cancel` Outcome, without `e2e`: it had no final chunk)."""
     if (m := of(target)) is not None:
         m.generation(model, result, ttft, itl, e2e)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from sidecar.config.entries import PairEntry
@@ -35,7 +35,8 @@ async def render_text(entry: PairEntry, fmt: PairFormat, job: Job, model: Model)
 
 
 async def run(engine: Engine, model: Model, entry: PairEntry, fmt: PairFormat, job: Job, opts: Effective,
-              grammar: str | None, load_seconds: float, halt: threading.Event) -> AsyncIterator[Delta | Outcome]:
+              grammar: str | None, load_seconds: float, halt: threading.Event,
+              stop: Callable[[], bool] | None = None) -> AsyncIterator[Delta | Outcome]:
     parser = OutputParser.start(fmt, job.prompt)
     rendered = await asyncio.to_thread(render.prepare, entry, fmt, job.prompt, model, job.truncate,
                                        parser.rendered_tools)
@@ -46,7 +47,8 @@ async def run(engine: Engine, model: Model, entry: PairEntry, fmt: PairFormat, j
         truncate=job.truncate, shift=job.shift, preserve=tuple(parser.preserved_tokens()), format=job.format,
     )
     pending: list[Logprob] = []  # logprobs of tokens whose text the parser still holds
-    items = engine.generate(model, entry.name, gen, halt.is_set)  # halt: the shutdown's drain deadline passed
+    # halt: the shutdown's drain deadline passed; stop: the request's client left
+    items = engine.generate(model, entry.name, gen, lambda: halt.is_set() or (stop is not None and stop()))
     try:
         async for item in items:
             if isinstance(item, tuple):

@@ -306,8 +306,11 @@ class Runtime:
         self.touch(served, job.keep_alive)
         return Outcome(done_reason="load", load_seconds=seconds)
 
-    async def generate(self, entry: PairEntry, job: Job) -> AsyncIterator[Delta | Outcome]:
-        """Stream the output as Deltas, then one Outcome.
+    async def generate(self, entry: PairEntry, job: Job, stop: Callable[[], bool] | None = None
+                       ) -> AsyncIterator[Delta | Outcome]:
+        """Stream the output as Deltas, then one Outcome. `stop`: the caller's (its client left);
+        the generation then ends at the engine's next step with a `cancel` Outcome that counts
+        what it generated (closing the stream also stops it, without that Outcome).
 
         Raises what refuses the job (ClientErrors, ServerBusy) before the first item, and
         ShuttingDown when the drain deadline of a shutdown cut the generation short."""
@@ -323,7 +326,7 @@ class Runtime:
             served.in_flight += 1
             try:
                 async for item in generation.run(self.engine, served.model, entry, fmt, job, opts, grammar,
-                                                 load_seconds, self.halt):
+                                                 load_seconds, self.halt, stop):
                     yield item
             finally:
                 served.in_flight -= 1
