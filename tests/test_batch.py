@@ -25,7 +25,7 @@ from sidecar.engine.logprobs import Logprobs
 from sidecar.engine.sampling import SamplingParams
 from sidecar.engine.sequence import Sequence
 from sidecar.engine.seqview import SeqView
-from sidecar.engine.step import StepLoop
+from sidecar.engine.step import StepLoop, pad_widths
 from tests.test_lossless import chat_prompt
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -284,6 +284,35 @@ def test_a_shift_inside_a_batch(weights: Weights) -> None:
             assert b.runs[i].tokens == want[i].tokens
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("shift", [True, False], ids=["shift", "stop"])
+def test_padding_never_overflows_a_window(weights: Weights, shift: bool) -> None:
+    """Drafting sequences (so the step pads the others to their width) at the end of small windows:
+    each shifts, or stops at `length`, exactly as alone, and none fails the step for the others
+    (Open WebUI's long side requests once ended both streams of a batch with a 500 this way)."""
+    reqs = [request(weights, i, n=300, shift=shift, num_keep=8) for i in (1, 3, 0)]
+    want = [solo(weights, r, n_ctx=256) for r in reqs]
+    b = Batch(weights, 3, n_ctx=256, ngram=True)
+    try:
+        for i, r in enumerate(reqs):
+            b.add(i, r)
+        list(b.drain())  # Batch.step asserts that no sequence failed
+        for i in range(3):
+            assert b.runs[i].result.done_reason == want[i].result.done_reason  # type: ignore[union-attr]
+            assert b.runs[i].tokens == want[i].tokens
+    finally:
+        b.close()
+
+
+def test_padding_stays_inside_each_window_and_n_batch() -> None:
+    """The padding rule alone: a run pads to its widest member unless one of its sequences is at
+    the end of its window (the run keeps its widths), and nothing pads past n_batch."""
+    widths = [(0, 1), (1, 4), (3, 1), (4, 2)]
+    roomy = {0: 100, 1: 100, 3: 100, 4: 100}
+    assert pad_widths(widths, roomy, 512) == {0: 4, 1: 4, 3: 2, 4: 2}
+    assert pad_widths(widths, {**roomy, 0: 1}, 512) == {0: 1, 1: 4, 3: 2, 4: 2}  # seq 0 has one cell left
+    assert pad_widths(widths, roomy, 11) == dict(widths)  # 12 padded rows do not fit
 
 
 def test_prompts_arriving_together_share_n_batch(weights: Weights) -> None:

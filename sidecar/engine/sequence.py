@@ -283,8 +283,9 @@ class Sequence:
         tokens = self.tokens
         draft = proposal.tokens[: rnd.k]
         batch = [tokens[-1], *draft]
-        if draft and rnd.rows > len(batch):  # the stretch's shape (see the module docstring)
-            batch += [tokens[-1]] * (rnd.rows - len(batch))
+        width = min(rnd.rows, self.n_ctx - self.kv_len)  # the stretch's shape (module docstring), within the window
+        if draft and width > len(batch):
+            batch += [tokens[-1]] * (width - len(batch))
         self._round = _Pending(rnd, draft, proposal, len(batch), step)
         return Rows(batch, shift=shift)
 

@@ -180,13 +180,11 @@ class StepLoop:
             return out
         batch = [(sid, list(rows.tokens), rows.logits) for sid, rows in parts]
         widths = [(sid, len(tokens)) for sid, tokens, _ in batch]
-        if all(rows.logits for _, rows in parts) and self.running[parts[0][0]].cost.padded(widths) and sum(
-                max(n for _, n in run) * len(run) for run in runs(widths)) <= target.n_batch:
-            for run in runs([(sid, len(tokens)) for sid, tokens, _ in batch]):
-                width = max(n for _, n in run)
-                for sid, n in run:
-                    tokens = next(t for s, t, _ in batch if s == sid)
-                    tokens += [tokens[0]] * (width - n)  # the pending token again: never read
+        if all(rows.logits for _, rows in parts) and self.running[parts[0][0]].cost.padded(widths):
+            room = {sid: target.n_ctx - len(target.held(sid)) for sid, _ in parts}
+            padded = pad_widths(widths, room, target.n_batch)
+            for sid, tokens, _ in batch:
+                tokens += [tokens[0]] * (padded[sid] - len(tokens))  # the pending token again: never read
         t = time.perf_counter()
         try:
             logits = target.decode_many(batch)
@@ -262,3 +260,16 @@ class StepLoop:
                 if isinstance(got, BaseException):
                     raise got
                 yield from got
+
+
+def pad_widths(widths: abc.Sequence[tuple[int, int]], room: dict[int, int], n_batch: int) -> dict[int, int]:
+    """Each sequence's rows once every run of consecutive ids is padded to its widest member (one
+    llama.cpp pass per run), where that is possible: a run stays as it is if one of its sequences
+    has no room in its window for the padding (it would overflow that sequence's KV stream and fail
+    the whole decode), and nothing is padded if the padded step would not fit in n_batch."""
+    out = dict(widths)
+    for run in runs(widths):
+        width = max(n for _, n in run)
+        if all(width <= room[sid] for sid, _ in run):
+            out.update((sid, width) for sid, _ in run)
+    return out if sum(out.values()) <= n_batch else dict(widths)
