@@ -19,6 +19,11 @@ import aiohttp
 from sidecar.errors import BadGateway, ClientError, Unavailable
 
 SPEC_PREFIX = "vllm:spec_decode_num_"
+# Only these samples: prometheus_client's own app, which vLLM mounts under /metrics/ (its /metrics
+# route is the instrumentator's, which takes no filter), serves a `name[]`-filtered page of 1 kB
+# instead of the 50 kB registry. A server without that mount gets the whole page, which parses the same.
+SPEC_QUERY = "&".join(f"name[]={SPEC_PREFIX}{n}_total"
+                      for n in ("drafts", "draft_tokens", "accepted_tokens", "accepted_tokens_per_pos"))
 
 
 class Refused(ClientError):
@@ -109,6 +114,7 @@ class VllmClient:
         self.model = model  # the name the server knows the model by
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
+        self._filtered = True  # whether the server serves the filtered counters page (spec_counters)
 
     # -- blocking calls: the tokenizer runs off the event loop (runtime.render.prepare) ---------
     def _post_sync(self, path: str, body: dict[str, Any]) -> Any:
@@ -156,7 +162,14 @@ class VllmClient:
         return list(json.loads(await self._get("/v1/models")).get("data", []))
 
     async def spec_counters(self) -> SpecCounters:
-        return parse_spec_counters((await self._get("/metrics")).decode(errors="replace"), self.model)
+        if self._filtered:
+            try:
+                page = await self._get(f"/metrics/?{SPEC_QUERY}")
+            except Refused:  # no such mount (a 404): the whole page from now on
+                self._filtered = False
+        if not self._filtered:
+            page = await self._get("/metrics")
+        return parse_spec_counters(page.decode(errors="replace"), self.model)
 
     async def complete(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """POST /v1/completions with stream: the chunks as dicts. Leaving early closes the
