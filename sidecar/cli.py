@@ -276,6 +276,8 @@ def _check_vllm(entry: PairEntry) -> str:
 def _print_vllm(entries: list[PairEntry]) -> None:
     """The exact server command of each vLLM pair: what the daemon runs (managed), or what to run
     where the server lives (remote; its port and host are then the user's)."""
+    from urllib.parse import urlsplit
+
     from sidecar.runtime.vllm import command
 
     for e in entries:
@@ -284,7 +286,7 @@ def _print_vllm(entries: list[PairEntry]) -> None:
         version = command.installed(python)
         where = f"remote at {s.url}, started as" if s.url else "managed, started as"
         print(f"vLLM pair {e.name} ({where}; vLLM {version or 'not installed'}):")
-        port = s.port or (int(s.url.rsplit(":", 1)[1].split("/")[0]) if s.url and s.url.count(":") == 2 else 8000)
+        port = s.port or (urlsplit(s.url).port if s.url else None) or 8000  # vLLM's default port
         print("  " + command.command_line(e, e.num_ctx(None), port, command.has_suffix(python)))
 
 

@@ -69,10 +69,7 @@ async def _body_model(request: web.Request) -> str | None:
     if not request.body_exists or not request.content.at_eof():
         return None
     _, body = await proxy.peek(request)  # the bytes the handler read, kept by aiohttp
-    for key in ("model", "name"):  # /api/show and Ollama's older clients name it `name`
-        if isinstance(v := body.get(key), str) and v.strip():
-            return v
-    return None
+    return proxy.name_in(body, "model", "name")  # /api/show and Ollama's older clients name it `name`
 
 
 @web.middleware

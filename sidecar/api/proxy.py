@@ -31,7 +31,7 @@ from sidecar.api.pairs import runtime_of
 from sidecar.api.wire import ApiError, ClientGone, error_for, while_connected
 from sidecar.config.entries import PairEntry
 from sidecar.config.schema import UpstreamKind
-from sidecar.models.resolve import ModelNotFound, parse_ollama_name
+from sidecar.models.resolve import ModelNotFound, is_ollama_name, parse_ollama_name
 from sidecar.observability import metrics
 
 log = logging.getLogger("sidecar.api.proxy")
@@ -292,7 +292,8 @@ async def peek(request: web.Request) -> tuple[bytes, dict[str, Any]]:
     return raw, _json(raw)
 
 
-def _name(body: dict[str, Any], *keys: str) -> str | None:
+def name_in(body: dict[str, Any], *keys: str) -> str | None:
+    """The first of `keys` that holds a non-blank string in a request body."""
     for k in keys:
         v = body.get(k)
         if isinstance(v, str) and v.strip():
@@ -313,7 +314,7 @@ def pair_or_forward(handler: Handler, *keys: str) -> Handler:
         if up is None:
             return await handler(request)
         raw, body = await peek(request)
-        name = _name(body, *keys)
+        name = name_in(body, *keys)
         if name is None or runtime_of(request).find(name) is not None:
             return await handler(request)
         if not request.path.startswith("/v1/") and await up.flavour() == "lmstudio":
@@ -337,13 +338,13 @@ async def manage(request: web.Request) -> web.StreamResponse:
     rt = runtime_of(request)
     keys = MANAGED[request.path]
     for k in keys:
-        name = _name(body, k)
+        name = name_in(body, k)
         entry = rt.find(name) if name else None
         if entry is not None:
             raise ApiError(400, f"{entry.name} is a spec-sidecar pair; edit pairs.yaml")
     up = upstream_of(request)
     if up is None:
-        name = _name(body, keys[0]) or ""
+        name = name_in(body, keys[0]) or ""
         if request.path == "/api/delete":
             raise ApiError(404, f"model '{name}' not found")
         if request.path == "/api/copy":
@@ -358,7 +359,7 @@ async def manage(request: web.Request) -> web.StreamResponse:
 async def embeddings(request: web.Request) -> web.StreamResponse:
     """/api/embed, /api/embeddings, /v1/embeddings: pairs generate text only; the rest is forwarded."""
     raw, body = await peek(request)
-    name = _name(body, "model")
+    name = name_in(body, "model")
     if name is None:
         return error_for(request, 400, "model is required")
     entry = runtime_of(request).find(name)
@@ -376,10 +377,7 @@ def upstream_target(entry: PairEntry) -> str | None:
     """The pair's target as the upstream Ollama names it, if the target is an Ollama model (not a
     path, pkg: or lmstudio: reference)."""
     ref = entry.config.from_
-    if entry.config.engine != "llama.cpp" or ref.startswith(("pkg:", "lmstudio:", "/", "./", "../", "~")) \
-            or ref.endswith(".gguf"):
-        return None
-    return ref
+    return ref if entry.config.engine == "llama.cpp" and is_ollama_name(ref) else None
 
 
 def _same_model(a: str, b: str) -> bool:

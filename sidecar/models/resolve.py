@@ -310,6 +310,15 @@ def resolve(ref: str, *, base: Path | None = None, ollama_root: Path | None = No
         return ResolvedModel(ref, _check_gguf(_pkg(ref), ref))
     if ref.startswith("lmstudio:"):
         return ResolvedModel(ref, _check_gguf(_lmstudio(ref, lmstudio_roots or stores.lmstudio_roots()), ref))
-    if ref.endswith(".gguf") or ref.startswith(("/", "./", "../", "~")):
+    if _is_path(ref):
         return ResolvedModel(ref, _path(ref, base, folders))
     return _ollama(ref, ollama_root or stores.ollama_root())
+
+
+def _is_path(ref: str) -> bool:
+    return ref.endswith(".gguf") or ref.startswith(("/", "./", "../", "~"))
+
+
+def is_ollama_name(ref: str) -> bool:
+    """Whether `resolve` reads this reference from Ollama's store (not pkg:, lmstudio: or a path)."""
+    return not ref.startswith(("pkg:", "lmstudio:")) and not _is_path(ref)
