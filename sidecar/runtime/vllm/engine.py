@@ -253,7 +253,7 @@ class VllmEngine:
             accepted_per_pos=[round(spec.per_pos[p]) for p in sorted(spec.per_pos)] if spec else [],
             drafts_by_source={label: (round(spec.draft_tokens), round(spec.accepted_tokens))}
             if spec and label else {},
-            drafter=label if spec and spec.draft_tokens else None,
+            drafter=label,
             prompt_truncated=truncated, context=prompt + tokens,
         )
 
