@@ -161,6 +161,7 @@ class Config:
     root: Path = REPO  # daemon: the tree whose sidecar package runs
     extra: tuple[str, ...] = ()  # llama-server: --spec-type and friends
     num_ctx: int = NUM_CTX
+    speculative: str = ""  # daemon: the pair's `speculative:` settings, as inline YAML ("{cache: off}")
 
 
 def make_configs(names: Sequence[str], old_root: Path | None) -> list[Config]:
@@ -230,7 +231,8 @@ class Server:
 def _pair_yaml(cfg: Config, threads: int) -> str:
     return (f"pairs:\n  {MODEL}:latest:\n    from: {json.dumps(cfg.target)}\n    draft: {json.dumps(cfg.draft)}\n"
             f"    parameters: {{temperature: 0, num_ctx: {cfg.num_ctx}}}\n"
-            f"    runtime: {{num_thread: {threads}}}\n")  # fmt: skip
+            f"    runtime: {{num_thread: {threads}}}\n"
+            + (f"    speculative: {cfg.speculative}\n" if cfg.speculative else ""))  # fmt: skip
 
 
 def _check_import_root(root: Path) -> None:
