@@ -78,7 +78,7 @@ def test_an_ngram_pair_drafts_longer_by_default(tmp_path: Path) -> None:
 
 
 def test_n_min_is_checked_against_the_n_max_the_pair_gets(tmp_path: Path) -> None:
-    """Without n_max, n_min may go up to the draft kind's default n_max (8, or 12 for n-gram)."""
+    """Without n_max, n_min may go up to the draft kind's default n_max (8, or NGRAM_N_MAX for n-gram)."""
     ok = load_text(tmp_path, "pairs:\n  a:b:\n    from: x.gguf\n    draft: ngram\n    speculative: {n_min: 10}\n")
     assert ok.pairs["a:b"].speculative.engine(ngram=True).n_min == 10
     msg = error(tmp_path, "pairs:\n  a:b:\n    from: x.gguf\n    draft: y.gguf\n    speculative: {n_min: 10}\n")

@@ -13,7 +13,7 @@ import pytest
 
 from sidecar.config.entries import build_entry
 from sidecar.config.schema import Pair
-from sidecar.engine.adaptive import CostModel
+from sidecar.engine.adaptive import NGRAM_N_MAX, CostModel
 from sidecar.runtime.contract import Job, Outcome, Prompt
 from sidecar.runtime.llamacpp import LlamaEngine, loading
 from sidecar.runtime.llamacpp.curves import CurveCache
@@ -52,14 +52,14 @@ async def test_a_second_load_reads_the_curve_back(tmp_path: Path, monkeypatch: p
     rt = runtime(tmp_path / "curves")
     rt.set_entries({entry.name: entry})
     lm, _ = await rt.load(entry)
-    assert calls == [14] and lm.curve == "measured"  # n-gram pair: n_max 12, 13 rows
+    assert calls == [NGRAM_N_MAX + 2] and lm.curve == "measured"  # n-gram pair: rows 1..n_max + 1
     curve = lm.calibrated.t_step
     await rt.unload_all()
 
     rt = runtime(tmp_path / "curves")  # a restart: a new runtime, the same cache directory
     rt.set_entries({entry.name: entry})
     lm, _ = await rt.load(entry)
-    assert calls == [14]  # no calibration ran
+    assert calls == [NGRAM_N_MAX + 2]  # no calibration ran
     assert lm.curve == "cached" and lm.calibrated.t_step == curve
     await rt.unload_all()
 

@@ -31,6 +31,14 @@ from sidecar.engine.adaptive import ALONE, CostModel, SpeculativeConfig, Step, e
 from sidecar.engine.drafters import Support
 
 
+def draft_lengths(lo: int, hi: int) -> list[int]:
+    """The draft lengths a round weighs: every one up to 12, then a sparser ladder up to `hi`.
+
+    A free source's copy may run to 64 tokens (NGRAM_N_MAX), where one length more or less changes
+    the expected rate by little; weighing every one would cost each sequence ~64 prices per step."""
+    return [k for k in (*range(1, 13), 16, 20, 24, 28, 32, 40, 48, 56, 64) if lo <= k < hi] + ([hi] if hi >= lo else [])
+
+
 class Key(NamedTuple):
     """What acceptance evidence is kept under: a source's name and its class (drafters.Support.cls)."""
 
@@ -226,7 +234,7 @@ class Plan:
         best = (0, 1, 0.0, 0.0)
         k_max = min(k_cap, len(t) - 2)
         expected = self._expected(i, support, max(0, k_max))
-        for k in range(max(1, self.config.n_min), k_max + 1):
+        for k in draft_lengths(max(1, self.config.n_min), k_max):
             if t[k + 1] <= 0:
                 continue
             e = expected[k]

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sidecar.engine.adaptive import NGRAM_N_MAX
 from sidecar.engine.drafters import Proposal, Support, match_class
 from sidecar.engine.grammar import Grammar
 from sidecar.engine.sampling import Sampler
@@ -384,11 +385,11 @@ class SuffixDrafter:
     has_cost = False
     PAST_END = -1
 
-    def __init__(self, cache: SuffixCache, lead: int | None = 64, max_draft: int = 16, factor: float = 1.0,
+    def __init__(self, cache: SuffixCache, lead: int | None = 64, max_draft: int = NGRAM_N_MAX, factor: float = 1.0,
                  min_prob: float = 0.1) -> None:
         self.cache = cache
         self.lead = lead
-        self.max_draft = max_draft  # the longest draft proposed
+        self.max_draft = max_draft  # the longest draft (an n-gram pair's n_max: a repeated answer runs long)
         self.factor = factor
         self.min_prob = min_prob
         self._found: tuple[int, int, Continuation] = (-1, -1, Continuation())

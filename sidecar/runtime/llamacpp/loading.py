@@ -185,6 +185,9 @@ def _acquire_draft(registry: WeightsRegistry, path: Path, d: ModelDraft, lm: Loa
 
 
 CURVE_BUDGET = 1.0  # seconds a load may spend measuring the target's verify curve, however busy the machine
+# ... where the curve reaches past 16 rows (an n-gram pair drafts up to 64 tokens): its wide sizes
+# take longer, and with fewer than five sizes measured a curve is provisional and never cached.
+WIDE_CURVE_BUDGET = 2.5
 DRAFT_BUDGET = 0.3  # ... and the draft's step and catch-up; a cached load measures nothing (curves)
 
 
@@ -216,7 +219,7 @@ def _measure(lm: Loaded, ctx: Context | SeqView, spec: SpeculativeConfig, draft_
             lm.curve = "cached"
         else:
             cal = CostModel(rows)
-            cal.calibrate(ctx, budget=CURVE_BUDGET)
+            cal.calibrate(ctx, budget=CURVE_BUDGET if rows <= 16 else WIDE_CURVE_BUDGET)
             lm.curve = "provisional" if cal.provisional else "measured"
             if not cal.provisional:
                 curves.put_target(key, cal)
