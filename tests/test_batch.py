@@ -90,9 +90,9 @@ class Batch:
     """A StepLoop over one context with `n_seq` streams, fed requests at chosen steps."""
 
     def __init__(self, weights: Weights, n_seq: int, n_ctx: int = N_CTX, ngram: bool = False,
-                 draft: Context | None = None) -> None:
+                 draft: Context | None = None, n_batch: int = 512) -> None:
         self.weights = weights
-        self.ctx = Context(weights, ContextParams(n_ctx=n_ctx, n_batch=512, n_seq=n_seq))
+        self.ctx = Context(weights, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_seq=n_seq))
         self.loop = StepLoop(self.ctx)
         self.config, self.cost = speculative() if ngram or draft is not None else (SpeculativeConfig(), CostModel(9))
         sources: list[list[object]] = [[] for _ in range(n_seq)]
@@ -329,3 +329,32 @@ def test_prompts_arriving_together_share_n_batch(weights: Weights) -> None:
             assert b.runs[i].tokens == solo(weights, r).tokens
     finally:
         b.close()
+
+
+def test_drafts_fit_n_batch_beside_the_other_sequences(weights: Weights) -> None:
+    """Two copying sequences whose drafts pay (a flat curve, n_max 12) on a context whose n_batch
+    (8) holds less than one full round beside the other sequence's row: each draft is cut to what
+    the step has left, so no decode is refused, and both outputs are their solo runs."""
+    reqs = [request(weights, 3, n=40), request(weights, 3, n=40)]
+    want = [solo(weights, r) for r in reqs]
+    b = Batch(weights, 2, ngram=True, n_batch=8)
+    widths: list[int] = []
+    decode = b.ctx.decode_many
+
+    def counted(parts: list[tuple[int, list[int], bool]], copy: bool = True) -> list[object]:
+        widths.append(sum(len(t) for _, t, _ in parts))
+        return decode(parts, copy)  # type: ignore[return-value]
+
+    b.ctx.decode_many = counted  # type: ignore[method-assign]
+    try:
+        b.add(0, reqs[0])
+        b.add(1, reqs[1])
+        list(b.drain())
+        for i in range(2):
+            assert b.runs[i].tokens == want[i].tokens
+        assert max(widths) <= 8, widths
+        assert sum(b.runs[i].result.draft_tokens for i in range(2)) > 0  # type: ignore[union-attr]
+    finally:
+        del b.ctx.decode_many
+        b.close()
+

@@ -258,7 +258,8 @@ class Sequence:
                 self.done = "length"
                 return None
             self.result.shifts += 1
-        room = self.n_ctx - self.kv_len - 1
+        # Room for a draft: in the window, and in the step's batch beside the rows before it.
+        room = min(self.n_ctx - self.kv_len, self.n_batch - sum(n for _, n in step.rows)) - 1
         tokens, out, drafter = self.tokens, self.result.tokens, self.drafter
         live = self.grammar if self.trigger is None or self.trigger.fired else None
         rnd = self.plan.decide(len(out), self.limit - len(out), room, step)
