@@ -241,10 +241,10 @@ def test_padding_to_a_shape_keeps_the_output(tiny_engines: tuple[Weights, Contex
             drafted.append(min(max_tokens, len(proposal.tokens)))
             return proposal
 
-    def counted(parts: Sequence[tuple[int, Sequence[int], bool]]) -> list[np.ndarray | None]:
+    def counted(parts: Sequence[tuple[int, Sequence[int], bool]], copy: bool = True) -> list[np.ndarray | None]:
         if drafted and parts[0][2]:  # a round's rows, not a prefill chunk
             rounds.append((len(parts[0][1]), drafted.pop()))
-        return decode(parts)
+        return decode(parts, copy)
 
     def halved() -> Watched:
         return Watched([Counted(NgramDrafter(1, 3), halve=True), Counted(ModelDrafter(dctx), halve=True)])
@@ -288,10 +288,10 @@ def test_a_proposal_shorter_than_the_stretchs_shape_is_padded(tiny_engines: tupl
     batches: list[int] = []
     decode = ctx.decode_many  # every decode of the step loop (engine.step)
 
-    def counted(parts: Sequence[tuple[int, Sequence[int], bool]]) -> list[np.ndarray | None]:
+    def counted(parts: Sequence[tuple[int, Sequence[int], bool]], copy: bool = True) -> list[np.ndarray | None]:
         if parts[0][2]:  # not a prefill chunk
             batches.append(len(parts[0][1]))
-        return decode(parts)
+        return decode(parts, copy)
 
     prompt = next(tiny_prompts(w, 1))
     plain = generate(ctx, None, prompt, 80)

@@ -187,7 +187,7 @@ class StepLoop:
                 tokens += [tokens[0]] * (padded[sid] - len(tokens))  # the pending token again: never read
         t = time.perf_counter()
         try:
-            logits = target.decode_many(batch)
+            logits = target.decode_many(batch, copy=False)  # each sequence reads its rows before the next decode
         except BaseException as e:  # the decode failed: every sequence in it fails
             for sid, _ in parts:
                 out.append((self.running[sid], e))
