@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig
+from sidecar.engine.adaptive import CostModel, SpeculativeConfig, Step
 from sidecar.engine.decoder import Decoder, Request, Result
 from sidecar.engine.drafters import ModelDrafter, NgramDrafter
 from sidecar.engine.grammar import gbnf_for_format
@@ -25,7 +25,7 @@ from sidecar.engine.logprobs import Logprobs
 from sidecar.engine.sampling import SamplingParams
 from sidecar.engine.sequence import Sequence
 from sidecar.engine.seqview import SeqView
-from sidecar.engine.step import StepLoop, pad_widths
+from sidecar.engine.step import MIN_CHUNK, PREFILL_SHARE, StepLoop, pad_widths
 from tests.test_lossless import chat_prompt
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -358,3 +358,22 @@ def test_drafts_fit_n_batch_beside_the_other_sequences(weights: Weights) -> None
         del b.ctx.decode_many
         b.close()
 
+
+def test_a_prompt_chunk_is_priced_by_what_its_chunks_cost() -> None:
+    """Beside decoding rows, a chunk starts at the verify curve's price of a row and then follows
+    what the steps that carried it showed: a prompt token that cost as much as three decoding steps
+    gets a chunk of the floor, a cheap one a wide chunk (within n_batch)."""
+    cost = CostModel(13)
+    cost.t_step = [0.0] + [0.010 + 0.005 * (n - 1) for n in range(1, 14)]
+    seq = type("Seq", (), {"cost": cost, "n_batch": 512})()
+    loop = StepLoop.__new__(StepLoop)
+    loop._chunking = {}
+    planned = {0: 8}  # one sequence verifying 8 rows: 45 ms
+    budget = PREFILL_SHARE * cost.t_step[8]
+    first = loop._chunk(1, seq, planned)  # type: ignore[arg-type]
+    assert first == int(budget / (cost.added(MIN_CHUNK, Step(1, ((0, 8),))) / MIN_CHUNK)) > MIN_CHUNK
+    loop._chunking[1].observe(first, 3 * cost.t_step[8] * first)  # each token cost three such steps
+    assert loop._chunk(1, seq, planned) == MIN_CHUNK  # type: ignore[arg-type]
+    for _ in range(40):
+        loop._chunking[1].observe(100, 0.0001 * 100)  # then cheap ones: 675 would fit the budget
+    assert loop._chunk(1, seq, planned) == 512  # type: ignore[arg-type]  # n_batch

@@ -17,7 +17,10 @@ What a step holds:
   (drafters.propose_together).
 - A chunk of any prompt being prefilled. While other sequences decode, the chunk is cut so that
   it adds at most `PREFILL_SHARE` times what their rows cost, so running streams keep their pace
-  while a long prompt comes in (chunked prefill); alone, a prompt goes in n_batch chunks.
+  while a long prompt comes in (chunked prefill); alone, a prompt goes in n_batch chunks. What a
+  prompt token adds to a step is learnt from the steps that carried its chunks (`_Chunking`): the
+  verify curve prices a row that computes logits over a short context, and a prefill row computes
+  none, but attends over everything before it, which grows as a long prompt comes in.
 
 Losslessness: each sequence's stream starts at cell 0 and holds only its own positions, so its
 rows read the same cells in the same order as when it runs alone, and llama.cpp's CPU kernels
@@ -47,8 +50,8 @@ from sidecar.engine.llama import Context
 from sidecar.engine.sequence import Ask, Item, Rows, Sequence
 from sidecar.engine.seqview import SeqView
 
-PREFILL_SHARE = 2.0  # a prefill chunk may add this many times the decoding rows' cost to a step
-MIN_CHUNK = 16  # ... but never fewer tokens than this, so a prompt always comes in
+PREFILL_SHARE = 1.5  # a prefill chunk may add this many times the decoding rows' cost to a step
+MIN_CHUNK = 4  # ... but never fewer tokens than this, so a prompt always comes in
 MIN_COPY = 16  # a prefix shorter than this is prefilled rather than copied
 
 
@@ -62,6 +65,19 @@ class Stats:
     copied_tokens: int = 0  # ... of which copied from another stream
 
 
+@dataclass
+class _Chunking:
+    """A prompt coming in beside decoding sequences: the seconds one of its tokens adds to a step
+    (a moving average over the steps that carried its chunks; 0 until one did)."""
+
+    per_token: float = 0.0
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if tokens > 0 and seconds > 0:
+            got = seconds / tokens
+            self.per_token = got if self.per_token == 0 else self.per_token + 0.3 * (got - self.per_token)
+
+
 class StepLoop:
     """Steps the sequences on one target context together; owns the context (one thread at a time)."""
 
@@ -70,6 +86,7 @@ class StepLoop:
         self.running: dict[int, Sequence] = {}  # stream id -> its sequence
         self._clock = itertools.count(1)
         self._used = [0] * target.n_seq  # when each stream last held a sequence (LRU)
+        self._chunking: dict[int, _Chunking] = {}  # stream id -> its prompt's chunk pricing
         self.stats = Stats()
 
     @property
@@ -194,6 +211,7 @@ class StepLoop:
                 self._leave(sid)
             return out
         seconds = time.perf_counter() - t
+        self._learn_chunks(parts, seconds)
         self.stats.steps += 1
         self.stats.rows += sum(len(rows.tokens) for _, rows in parts)
         alone = len(parts) == 1
@@ -233,19 +251,33 @@ class StepLoop:
                 if isinstance(a, Rows) or sid in drafted]
 
     def _chunk(self, sid: int, seq: Sequence, planned: dict[int, int]) -> int:
-        """How much of a prompt a step that others decode in may take (module docstring)."""
+        """How much of a prompt a step that others decode in may take (module docstring): what
+        adds PREFILL_SHARE times the decoding rows' cost, at the price its earlier chunks showed
+        (before any, the verify curve's price of a row)."""
         cost = seq.cost
         rows = tuple(planned.items())
         budget = PREFILL_SHARE * cost.batch(rows)
         if budget <= 0:
             return seq.n_batch
-        n = MIN_CHUNK
-        step = Step(sid, rows)
-        while n < seq.n_batch and cost.added(2 * n, step) <= budget:
-            n *= 2
-        return n
+        per_token = self._chunking.setdefault(sid, _Chunking()).per_token
+        if per_token <= 0:
+            per_token = cost.added(MIN_CHUNK, Step(sid, rows)) / MIN_CHUNK
+        return max(MIN_CHUNK, min(seq.n_batch, int(budget / per_token))) if per_token > 0 else seq.n_batch
+
+    def _learn_chunks(self, parts: list[tuple[int, Rows]], seconds: float) -> None:
+        """What the prompt chunks of a step with decoding rows added: the step's seconds beyond
+        the decoding rows' price, shared among the chunks by their tokens."""
+        chunks = [(sid, len(rows.tokens)) for sid, rows in parts if not rows.logits]
+        decoding = tuple((sid, len(rows.tokens)) for sid, rows in parts if rows.logits)
+        if not chunks or not decoding:
+            return
+        extra = seconds - self.running[decoding[0][0]].cost.batch(decoding)
+        total = sum(n for _, n in chunks)
+        for sid, n in chunks:
+            self._chunking.setdefault(sid, _Chunking()).observe(n, extra * n / total)
 
     def _leave(self, sid: int) -> None:
+        self._chunking.pop(sid, None)
         seq = self.running.pop(sid)
         seq.close()
         self._used[sid] = next(self._clock)
