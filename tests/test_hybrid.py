@@ -406,13 +406,39 @@ def test_a_model_that_must_catch_up_starts_only_for_what_free_sources_leave() ->
         p = two_sources(ngram[0])
         p.sources[0].support = lambda ngram=ngram: ngram[0]
         p.sources[1].lag = lambda: 2000
+        produced = 0
         while p.tally.free_tokens < 100 * free_share:
-            rnd = p.decide(0, INF, 100)
+            rnd = p.decide(produced, INF, 100)
             assert rnd.k > 0 and rnd.source == 0
-            p.record(rnd, 1, 1, 0.0, 1.0, 0)  # two tokens a round from the n-gram source
+            p.record(rnd, 1, 1, 0.0, 1.0, produced)  # two tokens a round from the n-gram source
+            produced += 2
         ngram[0] = Support(ready=False)  # no match now: only the model could draft
+        while produced < 100:  # plain steps: what they lose to the held-back model rents its catch-up
+            rnd = p.decide(produced, 300 - produced, 100)
+            if rnd.k:
+                break
+            p.record(rnd, 0, 0, 0.0, 1.0, produced)
+            produced += 1
         rnd = p.decide(100, 200, 100)
         assert (rnd.k > 0 and rnd.source == 1) == starts, free_share
+
+
+def test_beside_a_free_source_a_catch_up_is_paid_once_plain_steps_cost_as_much() -> None:
+    """Ski rental: before the request shows how much of it the free source covers, the model's
+    catch-up (300 tokens at 0.01 s: 3 s) is paid only after plain steps the model would have sped
+    up have lost that much; a lone model, with nothing that could cover the text, starts at once."""
+    p = two_sources(Support(ready=False))
+    p.sources[1].lag = lambda: 300
+    for produced in range(1000):
+        lost = p._rent  # what the plain steps so far lost to the held-back model
+        rnd = p.decide(produced, INF, 100)
+        if rnd.k:
+            break
+        p.record(rnd, 0, 0, 0.0, 1.0, produced)
+    assert rnd.source == 1 and lost >= 3.0 and produced > 1
+    alone = Plan.start(SpeculativeConfig(n_max=12), fixed(), [
+        Source("model", has_cost=True, support=lambda: Support(cls=0, prior=0.9), lag=lambda: 300)], -1)
+    assert alone.decide(0, INF, 100).k > 0
 
 
 def test_a_model_that_fell_behind_yields_to_a_free_source_that_can_draft() -> None:

@@ -129,6 +129,7 @@ class Plan:
     _last: Key | None = None  # what the last round drafted: staying on needs no margin
     _since_batch: int = 0  # plain steps since the last batch (the prompt's prefill is one)
     _prev_rows: int = 0  # rows of the last decode; 0: the prompt's prefill
+    _rent: float = 0.0  # seconds plain steps lost to a model held back by its catch-up (decide)
 
     @classmethod
     def start(cls, config: SpeculativeConfig, cost: CostModel, sources: Sequence[Source], num_predict: int) -> Plan:
@@ -285,19 +286,27 @@ class Plan:
             self._last = None
             return PLAIN
         best, best_rank = PLAIN, 0.0
+        held = 0.0  # what a model round would have saved over this plain step, had it not been held back
         for i in ready:  # the first of equals: the configured order
             support = supports[i]
             ki, rows, rate, rank = self._best(i, support, k_cap, min(room, len(self.cost.t_step) - 2), step)
             # A model draft must first prefill what it missed; starting pays only if the time the
             # gain saves over the tokens still to come (at most `horizon`) covers that. It gains
             # only where the free sources would not have drafted: the share of this request's
-            # tokens that plain steps produced (a copying request's is small).
+            # tokens that plain steps produced (a copying request's is small). Beside a free
+            # source that share is unknown until the request shows it, so the catch-up is also
+            # a ski rental (`_rent`): paid only once the plain steps the model would have sped up
+            # have cost as much as it. A request the free source covers (an edit that copies its
+            # prompt) never pays to prefill its prompt into the draft model, and one it does not
+            # cover waits at most what the catch-up costs.
             if ki and self.sources[i].has_cost and self._last != self._key(i, support):
                 share = 1.0 - self.tally.free_tokens / produced if produced >= 32 else 1.0
                 plain = (step.tokens + 1.0) / (self.cost.batch(step.rows) + self.cost.added(1, step))
-                saved = min(remaining, c.horizon) * share * (1.0 / plain - 1.0 / rate)
-                if saved < self.sources[i].lag() * self.cost.t_catchup:
-                    ki = 0
+                gain = 1.0 / plain - 1.0 / rate
+                catchup = self.sources[i].lag() * self.cost.t_catchup
+                rented = self._rent >= catchup or len(self.sources) == 1
+                if min(remaining, c.horizon) * share * gain < catchup or not rented:
+                    held, ki = gain, 0
             if ki and self.sources[i].has_cost:
                 # Against the other sources, this round pays the catch-up of what they drafted
                 # while the model sat out: a copying stretch stays with the free source.
@@ -307,9 +316,12 @@ class Plan:
                 best, best_rank = Round(i, ki, rows, support), rank
         if best.k:
             self._last = self._key(best.source, best.support)
+            if self.sources[best.source].has_cost:
+                self._rent = 0.0  # bought: the next catch-up is weighed against the steps after this
             self.fallback = None  # speculating again: `fallback` reports why it is off, if it is
             return best
         self._last = None
+        self._rent += held
         return self._nothing_pays(supports, k_cap, Round(ready[0], 0, 1, supports[ready[0]]))
 
     def _nothing_pays(self, supports: list[Support], k_cap: int, plain: Round) -> Round:
