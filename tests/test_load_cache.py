@@ -96,3 +96,16 @@ async def test_a_load_on_a_busy_machine_keeps_its_budget(tmp_path: Path, busy: N
     plain = await text_of(rt, entry, {"draft_num_predict": 0})
     assert await text_of(rt, entry, {}) == plain  # and speculation is still lossless
     await rt.unload_all()
+
+
+async def test_a_model_drafts_price_is_measured_at_load(tmp_path: Path) -> None:
+    """The draft's step and catch-up are timed when the pair loads, before its first request: a
+    planner that started from zero took the model's draft for free and prefilled a whole prompt
+    into it on the first round (the draft context, empty, once read as false)."""
+    entry = pair("drafted:a", draft=SMOLLM2_REF)
+    rt = runtime(tmp_path / "curves")
+    rt.set_entries({entry.name: entry})
+    lm, _ = await rt.load(entry)
+    cost = lm.pairs[entry.name].cost  # type: ignore[attr-defined]
+    assert cost.t_draft > 0 and cost.t_catchup > 0
+    await rt.unload_all()

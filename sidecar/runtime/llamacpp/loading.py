@@ -202,8 +202,9 @@ def _cost_model(lm: Loaded, spec: SpeculativeConfig, draft_ctx: Context | None, 
         scratch = Context(lm.weights, replace(lm.ctx.params, n_seq=1))
     ctx: Context | SeqView = SeqView(lm.ctx, free) if scratch is None else scratch
     try:
-        return _measure(lm, ctx, spec, SeqView(draft_ctx, free if free is not None else 0) if draft_ctx else None,
-                        curves)
+        # `is not None`: a Context has a length (what it holds), so an empty one is falsy.
+        draft = SeqView(draft_ctx, free if free is not None else 0) if draft_ctx is not None else None
+        return _measure(lm, ctx, spec, draft, curves)
     finally:
         if scratch is not None:
             scratch.close()
