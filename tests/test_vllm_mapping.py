@@ -110,6 +110,8 @@ def test_drafts_become_speculative_config(folder: Path, tmp_path: Path) -> None:
     assert command.speculative_config(ngram, suffix=True) == {"method": "suffix", "num_speculative_tokens": 6}
     off = entry_of(base + "    draft: ngram\n    speculative: {cache: off}\n", tmp_path)
     assert command.speculative_config(off, suffix=True)["method"] == "ngram"
+    # Without n_max, vLLM (a fixed length every step) gets 12, not the planner's reach of 64.
+    assert command.speculative_config(off, suffix=True)["num_speculative_tokens"] == command.VLLM_NGRAM_TOKENS == 12
     model = entry_of(base + f"    draft: {draft}\n    speculative: {{n_max: 4}}\n", tmp_path)
     assert command.speculative_config(model, suffix=True) == {"model": str(draft), "num_speculative_tokens": 4}
     spec = command.serve_args(model, 4096, 1, False)

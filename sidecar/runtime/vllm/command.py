@@ -60,6 +60,9 @@ def has_suffix(python: str) -> bool:
     return _probe(python)[1]
 
 
+VLLM_NGRAM_TOKENS = 12
+
+
 def speculative_config(entry: PairEntry, suffix: bool) -> dict[str, Any] | None:
     """The pair's draft as vLLM's speculative_config; `suffix`: arctic-inference is there."""
     pair = entry.config
@@ -68,6 +71,11 @@ def speculative_config(entry: PairEntry, suffix: bool) -> dict[str, Any] | None:
         return None
     n_max = pair.speculative.engine(ngram=isinstance(draft, NgramDraft)).n_max
     if isinstance(draft, NgramDraft):
+        if pair.speculative.n_max is None:
+            # vLLM drafts num_speculative_tokens at every step where a match is found (no planner
+            # weighs a round's length against its support), so the in-process default of 64 would
+            # verify 65 rows a sequence on a hunch: an n-gram pair keeps 12 there.
+            n_max = VLLM_NGRAM_TOKENS
         if suffix and pair.speculative.cache != "off":
             return {"method": "suffix", "num_speculative_tokens": n_max}
         return {"method": "ngram", "num_speculative_tokens": n_max, "prompt_lookup_min": draft.min_n,
