@@ -37,7 +37,10 @@ def cost(t_step: Sequence[float], t_draft: float = 0.0) -> CostModel:
 
 def plan(t_step: Sequence[float], num_predict: int = -1, draft_has_cost: bool = False,
          t_draft: float = 0.0, **config: float) -> Plan:
-    return Plan.start(SpeculativeConfig(**config), cost(t_step, t_draft), [Source(has_cost=draft_has_cost)],  # type: ignore[arg-type]
+    """A plan over one source; a costly one is past its exploratory probe (see the test of it)."""
+    c = cost(t_step, t_draft)
+    c.explored.add("draft")
+    return Plan.start(SpeculativeConfig(**config), c, [Source(has_cost=draft_has_cost)],  # type: ignore[arg-type]
                       num_predict)
 
 
@@ -381,6 +384,39 @@ def test_a_costly_probe_waits_until_the_budget_covers_it() -> None:
     lag = 0  # a caught-up draft: 10.4 steps, so 208 idle steps
     ks = [p.decide(i, INF, 100).k for i in range(300)]
     assert ks.index(8) == 207
+
+
+def test_the_probe_budget_counts_the_pairs_earlier_requests() -> None:
+    """The same 30.4-step probe (1,000 tokens to catch up) within 5% of the target-only time: no
+    request of 200 tokens affords it alone, but the pair's plain steps add up across requests, so
+    the fourth request (608 steps in all) probes."""
+    c = cost(LINEAR, 0.3)
+    c.t_catchup = 0.02
+    c.explored.add("draft")
+    config = SpeculativeConfig(probe_interval=4, probe_budget=0.05)
+    probed = []
+    for request in range(4):
+        p = Plan.start(config, c, [Source(has_cost=True, lag=lambda: 1000)], -1)
+        ks = [p.decide(i, INF, 100).k for i in range(200)]
+        probed.append(8 in ks)
+        if 8 in ks:
+            assert request * 200 + ks.index(8) + 1 == 608
+    assert probed == [False, False, False, True]
+
+
+def test_a_model_with_no_evidence_is_probed_once_at_its_first_chance() -> None:
+    """Judged by the prior alone a model draft on a CPU never pays (0.7 acceptance, 0.3-step draft
+    steps), and one that agrees far better would never show it: the first round it could draft
+    probes it, once per pair, whatever the budget; after that the budget rules."""
+    c = cost(CPU, 0.3)
+    c.t_catchup = 0.02
+    first = Plan.start(SpeculativeConfig(), c, [Source(has_cost=True, lag=lambda: 500)], -1)
+    rnd = first.decide(0, INF, 100)
+    assert rnd.probe and rnd.k == 8
+    first.record(rnd, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=1.0, produced=0)  # it offered nothing
+    assert [first.decide(i, INF, 100).k for i in range(1, 40)] == [0] * 39  # no second free probe
+    again = Plan.start(SpeculativeConfig(), c, [Source(has_cost=True, lag=lambda: 500)], -1)
+    assert again.decide(0, INF, 100).k == 0
 
 
 def test_a_model_draft_starts_only_if_the_gain_repays_its_catch_up() -> None:

@@ -106,6 +106,7 @@ def assert_adds_up(r: Result) -> None:
 def two_sources(ngram: Support, t_draft: float = 0.3) -> Plan:
     """An n-gram source with the given support, and a model whose drafts agree 90% of the time."""
     cost = fixed(t_draft=t_draft)
+    cost.explored.add("model")  # past its exploratory probe (test_adaptive has that)
     return Plan.start(SpeculativeConfig(n_max=12), cost, [
         Source("ngram", support=lambda: ngram),
         Source("model", has_cost=True, support=lambda: Support(cls=0, prior=0.9)),

@@ -74,6 +74,7 @@ class Round:
 
 
 PLAIN = Round()
+PROBE_TOKENS = 8  # a probe's draft: enough for one round to be evidence (a model draft's default n_max)
 
 
 @dataclass
@@ -256,11 +257,14 @@ class Plan:
         A probe that is rejected costs the wider verify batch (on a CPU, 9 rows cost ~4-5 steps),
         the prefill of everything the draft missed (the whole prompt on a request's first probe)
         and k draft steps. For a draft that does not pay, that is pure loss, so it waits for enough
-        plain steps that it stays within `probe_budget` of them."""
+        plain steps that it stays within `probe_budget` of them. Those are counted across the pair's
+        requests (CostModel.unprobed): within one request the catch-up of everything the draft
+        missed grows faster than its budget, and a model draft whose first evidence had to come
+        from one request alone was never probed at all."""
         t = self.cost.t_step
         lag = self.sources[self._costly].lag() if self._costly is not None else 0
         probe = t[k + 1] - t[1] + self.cost.t_switch + lag * self.cost.t_catchup + k * self.cost.t_draft
-        return probe <= self.config.probe_budget * self.probing.idle * t[1]
+        return probe <= self.config.probe_budget * self.cost.unprobed * t[1]
 
     def decide(self, produced: int, remaining: float, room: int, step: Step = ALONE) -> Round:
         """This round: from which source to draft how many tokens, and the rows to decode.
@@ -283,6 +287,7 @@ class Plan:
             return Round(ready[0], k_cap, k_cap + 1, supports[ready[0]])
         if not ready:  # nothing to propose: a plain step
             probing.idle += 1
+            self.cost.unprobed += 1
             self._last = None
             return PLAIN
         best, best_rank = PLAIN, 0.0
@@ -329,7 +334,12 @@ class Plan:
         can arrive. A free source is not probed: its classes carry priors, so evidence arrives from
         the classes that look worth drafting, and a probe would only buy a wider batch for a class
         already expected to lose. The plain round answered carries the class that was priced (the
-        first ready source's)."""
+        first ready source's).
+
+        A costly source the pair has no evidence of at all is probed once, the first time it could
+        draft (a request's start, where its catch-up is the prompt): judged by the prior alone, a
+        model draft on a CPU never looks worth a round, and a draft that agrees far better than
+        the prior (a distilled or same-family draft) would never show it."""
         costly = self._costly
         probe = costly is not None and supports[costly].ready
         # A free source that has drafted this request was not switched off: only this class of
@@ -342,12 +352,18 @@ class Plan:
             )
         probing = self.probing
         probing.idle += 1
-        if probe and probing.idle >= probing.backoff and self._probe_affordable(k_cap):
+        self.cost.unprobed += 1
+        k = min(k_cap, PROBE_TOKENS)
+        name = self.sources[costly].name if costly is not None else ""
+        unknown = probe and name not in self.cost.explored
+        if probe and (unknown or (probing.idle >= probing.backoff and self._probe_affordable(k))):
             # Probe in full so one round is real evidence (a model drafter still stops early where
             # its own confidence falls below p_min).
             probing.idle = 0
             probing.backoff *= 2
-            return Round(costly, k_cap, k_cap + 1, supports[costly], probe=True)  # type: ignore[arg-type,index]
+            self.cost.unprobed = 0  # the budget is spent
+            self.cost.explored.add(name)
+            return Round(costly, k, k + 1, supports[costly], probe=True)  # type: ignore[arg-type,index]
         return plain
 
     def record(self, rnd: Round, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,
@@ -381,6 +397,7 @@ class Plan:
         if not src.has_cost:
             return
         probing.idle = 0  # evidence arrived: count plain steps before the next probe anew
+        self.cost.unprobed = 0
         draft = draft_seconds if step_seconds is None else step_seconds
         self.cost.observe_draft(drafted, draft)
         # A catch-up prefill is paid once, when drafting starts; whether to go on drafting must
