@@ -269,6 +269,27 @@ def test_a_prefix_is_reused_copied_and_evicted(weights: Weights) -> None:
         b.close()
 
 
+def test_the_same_question_again_takes_its_own_stream(weights: Weights) -> None:
+    """A short question under a long answer (never half of what its stream holds) asked again goes
+    back to its stream, not to the least recently used one, whose long prompt stays cached."""
+    short = Request(chat_prompt(weights, PROMPTS[0]), GREEDY, num_predict=48)
+    long = Request(chat_prompt(weights, "You are a careful assistant. " * 40 + "Say hello."), GREEDY, num_predict=4)
+    b = Batch(weights, 2)
+    try:
+        b.add(0, short)
+        b.add(1, long)  # finishes first: the short question's stream is the more recently used
+        list(b.drain())
+        b.add(2, short)
+        list(b.drain())
+        assert b.runs[2].result.prompt_cached == len(short.prompt) - 1  # type: ignore[union-attr]
+        assert b.runs[2].tokens == b.runs[0].tokens
+        b.add(3, long)
+        list(b.drain())
+        assert b.runs[3].result.prompt_cached == len(long.prompt) - 1  # type: ignore[union-attr]
+    finally:
+        b.close()
+
+
 def test_a_shift_inside_a_batch(weights: Weights) -> None:
     """Two sequences shift their small windows while sharing steps: each as it shifts alone."""
     reqs = [request(weights, i, n=320, shift=True, num_keep=8) for i in (0, 2)]

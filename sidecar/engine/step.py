@@ -30,8 +30,9 @@ on SmolLM2), so greedy output would part from the target alone.
 
 The prefix cache: a finished sequence's stream keeps what it held. A new sequence goes to the free
 stream that holds the most of its prompt when that is at least half of what the stream holds (the
-same conversation one turn later); otherwise to the stream used least recently, so a short side
-request (a title, tags) does not evict the conversation it sits beside. If another stream, busy or
+same conversation one turn later) or all of the prompt (the same question again); otherwise to the
+stream used least recently, so a short side request (a title, tags) does not evict the
+conversation it sits beside. If another stream, busy or
 free, holds more of the prompt, its prefix is copied over (llama_memory_seq_cp) instead of
 prefilled: two clients with one long system prompt.
 """
@@ -126,7 +127,11 @@ class StepLoop:
             return min(common_prefix(target.held(s), prompt), target.fresh_of(s))
 
         free = [s for s in range(target.n_seq) if s not in self.running]
-        fits = [s for s in free if 2 * match(s) >= len(target.held(s))]
+        # A stream fits when most of what it holds is this prompt's (a conversation one turn later)
+        # or when it holds all of this prompt (the same question asked again: only the old answer
+        # goes, which the new one replaces; a short prompt under a long answer is never "half").
+        whole = len(prompt) - 1  # the last prompt token is always decoded afresh (Sequence.start)
+        fits = [s for s in free if 2 * match(s) >= len(target.held(s)) or match(s) >= whole > 0]
         # A stream that holds more of this prompt than of anything else, else the least recently used.
         sid = max(fits, key=lambda s: (match(s), -s)) if fits else min(free, key=lambda s: self._used[s])
         have = match(sid)
