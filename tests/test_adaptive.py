@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.engine import adaptive
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig, expected_tokens
+from sidecar.engine.adaptive import CostModel, SpeculativeConfig, Step, expected_tokens
 from sidecar.engine.drafters import Support
 from sidecar.engine.llama import Context, ContextParams, Weights
 from sidecar.engine.planner import PLAIN, Key, Plan, Round, Source
@@ -402,6 +402,18 @@ def test_the_probe_budget_counts_the_pairs_earlier_requests() -> None:
         if 8 in ks:
             assert request * 200 + ks.index(8) + 1 == 608
     assert probed == [False, False, False, True]
+
+
+def test_in_a_shared_step_a_plain_step_counts_its_share_of_the_probe_budget() -> None:
+    """The budget is wall time: four sequences stepping together add one step to it, not four (a
+    probe's catch-up holds up the whole step)."""
+    c = cost(LINEAR, 0.3)
+    c.explored.add("draft")
+    p = Plan.start(SpeculativeConfig(), c, [Source(has_cost=True, lag=lambda: 1000)], -1)
+    shared = Step(0, ((1, 1), (2, 1), (3, 1)), 3.0)
+    for i in range(8):
+        assert p.decide(i, INF, 100, shared).k == 0
+    assert c.unprobed == 2.0
 
 
 def test_a_model_with_no_evidence_is_probed_once_at_its_first_chance() -> None:

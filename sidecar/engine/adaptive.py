@@ -103,9 +103,9 @@ class CostModel:
         # new request starts from what this draft has shown rather than from the prior, and a
         # known-bad draft is rarely probed.
         self.evidence: dict[tuple[str, int], list[float]] = {}  # planner.Key -> [accepted, rejected]
-        # Plain steps the pair's requests ran since a model draft last gave evidence: what probing
-        # it may spend a share of (planner.Plan._probe_affordable), counted across requests.
-        self.unprobed = 0
+        # Plain steps (in wall time) the pair's requests ran since a model draft last gave evidence:
+        # what probing it may spend a share of (planner.Plan._probe_affordable), across requests.
+        self.unprobed = 0.0
         self.explored: set[str] = set()  # costly sources probed once already, evidence or not
         self.set_provisional(False)  # provisional: the load-time measurement looked disturbed (calibrate)
         self.calibration_seconds = 0.0

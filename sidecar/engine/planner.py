@@ -287,7 +287,7 @@ class Plan:
             return Round(ready[0], k_cap, k_cap + 1, supports[ready[0]])
         if not ready:  # nothing to propose: a plain step
             probing.idle += 1
-            self.cost.unprobed += 1
+            self._unprobed(step)
             self._last = None
             return PLAIN
         best, best_rank = PLAIN, 0.0
@@ -327,9 +327,14 @@ class Plan:
             return best
         self._last = None
         self._rent += held
-        return self._nothing_pays(supports, k_cap, Round(ready[0], 0, 1, supports[ready[0]]))
+        return self._nothing_pays(supports, k_cap, Round(ready[0], 0, 1, supports[ready[0]]), step)
 
-    def _nothing_pays(self, supports: list[Support], k_cap: int, plain: Round) -> Round:
+    def _unprobed(self, step: Step) -> None:
+        """A plain step towards the pair's probe budget, in wall time: a sequence in a step with
+        others counts its share of it, since a probe's catch-up holds up the whole step."""
+        self.cost.unprobed += 1.0 / (1 + len(step.rows))
+
+    def _nothing_pays(self, supports: list[Support], k_cap: int, plain: Round, step: Step) -> Round:
         """No draft pays this round: say why, and probe a costly source now and then so new evidence
         can arrive. A free source is not probed: its classes carry priors, so evidence arrives from
         the classes that look worth drafting, and a probe would only buy a wider batch for a class
@@ -352,7 +357,7 @@ class Plan:
             )
         probing = self.probing
         probing.idle += 1
-        self.cost.unprobed += 1
+        self._unprobed(step)
         k = min(k_cap, PROBE_TOKENS)
         name = self.sources[costly].name if costly is not None else ""
         unknown = probe and name not in self.cost.explored
@@ -361,7 +366,7 @@ class Plan:
             # its own confidence falls below p_min).
             probing.idle = 0
             probing.backoff *= 2
-            self.cost.unprobed = 0  # the budget is spent
+            self.cost.unprobed = 0.0  # the budget is spent
             self.cost.explored.add(name)
             return Round(costly, k, k + 1, supports[costly], probe=True)  # type: ignore[arg-type,index]
         return plain
@@ -397,7 +402,7 @@ class Plan:
         if not src.has_cost:
             return
         probing.idle = 0  # evidence arrived: count plain steps before the next probe anew
-        self.cost.unprobed = 0
+        self.cost.unprobed = 0.0
         draft = draft_seconds if step_seconds is None else step_seconds
         self.cost.observe_draft(drafted, draft)
         # A catch-up prefill is paid once, when drafting starts; whether to go on drafting must
