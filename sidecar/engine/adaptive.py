@@ -109,6 +109,7 @@ class CostModel:
         self.explored: set[str] = set()  # costly sources probed once already, evidence or not
         self.set_provisional(False)  # provisional: the load-time measurement looked disturbed (calibrate)
         self.calibration_seconds = 0.0
+        self._others: tuple[object, float] = ((), 0.0)  # (a step's others' rows, their decode's price)
 
     def age(self, factor: float = 0.9) -> None:
         """Fade every class's evidence a little (once per request): a class judged not to pay is
@@ -167,7 +168,10 @@ class CostModel:
         `batch`): a sequence is priced by what it adds to a shared step. Alone: t_step(n)."""
         if step is None or not step.rows:
             return self._at(n)
-        return self.batch((*step.rows, (step.seq, n))) - self.batch(step.rows)
+        # A round prices many n against one step: the others' decode is priced once per step.
+        if self._others[0] is not step.rows:
+            self._others = (step.rows, self.batch(step.rows))
+        return self.batch((*step.rows, (step.seq, n))) - self._others[1]
 
     def observe_acceptance(self, key: tuple[str, int], drafted: int, accepted: int) -> None:
         ev = self.evidence.setdefault(key, [0.0, 0.0])

@@ -25,6 +25,7 @@ its evidence by (source name, class), planner.Key, so two sources' classes never
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -110,8 +111,11 @@ def match_class(match: int, cap: int) -> tuple[int, float]:
     return c, m / (m + 2)
 
 
+@functools.lru_cache(maxsize=4096)
 def match_support(match: int, cap: int) -> Support:
-    """The support of a draft continuing a verbatim match: its token j continues one j tokens longer."""
+    """The support of a draft continuing a verbatim match: its token j continues one j tokens longer.
+
+    Cached: the planner prices up to 64 tokens along each draft, every step, for every sequence."""
     c, prior = match_class(match, cap)
     return Support(cls=c, prior=prior, along=lambda j: match_support(match + j, cap))
 

@@ -33,6 +33,7 @@ milliseconds), adding a 1k-token output ~0.25 ms.
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 import os
@@ -431,8 +432,9 @@ class SuffixDrafter:
 
         return Support(cls=first.cls, prior=first.prior, along=along)
 
-    @classmethod
-    def classify(cls, match: int, occurrences: int, agreeing: int) -> Support:
+    @staticmethod
+    @functools.lru_cache(maxsize=4096)  # the planner prices up to 64 tokens along each draft, every step
+    def classify(match: int, occurrences: int, agreeing: int) -> Support:
         """The support class of a continuation (see the class docstring)."""
         c, copy = match_class(match, 64)
         p = (agreeing + 1) / (occurrences + 2)
