@@ -271,14 +271,15 @@ class StepLoop:
 
     def _learn_chunks(self, parts: list[tuple[int, Rows]], seconds: float) -> None:
         """What the prompt chunks of a step with decoding rows added: the step's seconds beyond
-        the decoding rows' price, shared among the chunks by their tokens."""
+        the decoding rows' price (by the prompt's own cost model, the one `_chunk` budgets with),
+        shared among the chunks by their tokens."""
         chunks = [(sid, len(rows.tokens)) for sid, rows in parts if not rows.logits]
         decoding = tuple((sid, len(rows.tokens)) for sid, rows in parts if rows.logits)
         if not chunks or not decoding:
             return
-        extra = seconds - self.running[decoding[0][0]].cost.batch(decoding)
         total = sum(n for _, n in chunks)
         for sid, n in chunks:
+            extra = seconds - self.running[sid].cost.batch(decoding)
             self._chunking.setdefault(sid, _Chunking()).observe(n, extra * n / total)
 
     def _leave(self, sid: int) -> None:
