@@ -7,6 +7,8 @@ ChatML-rendered, stream i gets prompt i mod 4):
 - ``old``: ``sidecar serve`` at an older revision (``--old-rev``, default e88eaee), from a git
   worktree at /tmp/sidecar-old (created once), ``draft: none``;
 - ``batched`` / ``batched+ngram``: the working tree's daemon, ``draft: none`` / ``draft: ngram``;
+- ``batched-np4``: ``batched`` with ``OLLAMA_NUM_PARALLEL=4`` whatever N is (run it at N = 1: what
+  one stream alone gets from a daemon configured for four);
 - ``llama-server-none`` / ``llama-server-ngram-mod``: llama.cpp's server at our binding's revision
   (bench/llama_server.py builds it), ``--spec-type none`` / ``ngram-mod``;
 - with ``--padded``, the padded pair (bench/derive_models.py: SmolLM2 plus 120 layers that add
@@ -131,6 +133,7 @@ RATIOS = (  # (numerator, denominator): a ratio column where both ran
     ("batched", "old"),
     ("batched+ngram", "batched"),
     ("batched", "llama-server-none"),
+    ("batched-np4", "batched"),
     ("llama-server-ngram-mod", "llama-server-none"),
     ("padded+draft", "padded"),
     ("llama-server-padded-draft-simple", "llama-server-padded-none"),
@@ -162,6 +165,7 @@ class Config:
     extra: tuple[str, ...] = ()  # llama-server: --spec-type and friends
     num_ctx: int = NUM_CTX
     speculative: str = ""  # daemon: the pair's `speculative:` settings, as inline YAML ("{cache: off}")
+    parallel: int | None = None  # OLLAMA_NUM_PARALLEL / -np whatever N is (None: N)
 
 
 def make_configs(names: Sequence[str], old_root: Path | None) -> list[Config]:
@@ -171,6 +175,7 @@ def make_configs(names: Sequence[str], old_root: Path | None) -> list[Config]:
         "old": lambda: Config("old", "daemon", SMOLLM2_REF, root=old_root or REPO),
         "batched": lambda: Config("batched", "daemon", SMOLLM2_REF),
         "batched+ngram": lambda: Config("batched+ngram", "daemon", SMOLLM2_REF, draft="ngram"),
+        "batched-np4": lambda: Config("batched-np4", "daemon", SMOLLM2_REF, parallel=EXTRA_PARALLEL),
         "llama-server-none": lambda: Config("llama-server-none", "llama-server", smol, extra=("--spec-type", "none")),
         "llama-server-ngram-mod": lambda: Config("llama-server-ngram-mod", "llama-server", smol,
                                                  extra=("--spec-type", "ngram-mod")),
@@ -304,6 +309,7 @@ def llama(cfg: Config, binary: Path, parallel: int, threads: int, tag: str) -> I
 @contextmanager
 def start(cfg: Config, binary: Path | None, parallel: int, threads: int, tag: str) -> Iterator[Server]:
     t0 = time.monotonic()
+    parallel = cfg.parallel or parallel
     if cfg.kind == "daemon":
         cm = daemon(cfg, parallel, threads, tag)
     else:
@@ -732,14 +738,15 @@ def _f(x: float | None, spec: str = ".1f") -> str:
 def markdown(results: dict[str, dict[int, dict[str, Any]]], names: list[str], ns: list[int]) -> str:
     ratios = [(a, b) for a, b in RATIOS if a in names and b in names]
     out = ["### Aggregate tok/s (all streams' tokens / wall time, median over repetitions)\n",
+           "A ratio is the median over repetitions of that repetition's ratio, with their range: a repetition "
+           "runs every server in turn, so the pair ran close together and drift on the machine cancels.\n",
            "| N | " + " | ".join(names) + "".join(f" | {a} / {b}" for a, b in ratios) + " |",
            "|---" * (1 + len(names) + len(ratios)) + "|"]  # fmt: skip
     for n in ns:
         row = [results[c].get(n, {}).get("agg_tps") for c in names]
         cells = [_f(x) for x in row]
         for a, b in ratios:
-            x, y = results[a].get(n, {}).get("agg_tps"), results[b].get(n, {}).get("agg_tps")
-            cells.append(_f(x / y if x and y else None, ".2f"))
+            cells.append(_paired(results[a].get(n, {}).get("agg_tps_reps"), results[b].get(n, {}).get("agg_tps_reps")))
         out.append(f"| {n} | " + " | ".join(cells) + " |")
     out += ["", "### Inter-token latency p50 / p95 (ms, pooled over streams)\n",
             "| N | " + " | ".join(names) + " |", "|---" * (1 + len(names)) + "|"]  # fmt: skip
@@ -766,6 +773,15 @@ def markdown(results: dict[str, dict[int, dict[str, Any]]], names: list[str], ns
     if notes:
         out += ["", *notes]
     return "\n".join(out) + "\n"
+
+
+def _paired(xs: Sequence[float] | None, ys: Sequence[float] | None) -> str:
+    """Median (min-max) over repetitions of xs[r] / ys[r]."""
+    got = sorted(x / y for x, y in zip(xs or (), ys or (), strict=False) if x and y)
+    if not got:
+        return "-"
+    med = statistics.median(got)
+    return f"{med:.2f}" if len(got) == 1 else f"{med:.2f} ({got[0]:.2f}-{got[-1]:.2f})"
 
 
 def markdown_extras(ex: dict[str, Any]) -> str:
