@@ -656,3 +656,31 @@ def test_a_measured_curve_does_not_move_with_one_row_steps() -> None:
     model = cost(CPU)
     model.observe_step(1, 0.5)
     assert model.t_step[1:] == [pytest.approx(0.9), *CPU[1:]]
+
+
+def test_a_rows_price_follows_the_curve_it_is_priced_by() -> None:
+    """What n rows add to a shared step is cached per step, and forgotten when a decode moves the
+    curve: a round priced after the move sees the new price."""
+    model = cost(CPU)
+    shared = Step(0, ((1, 1), (2, 1)), 2.0)
+    before = model.added(3, shared)
+    assert before == model.batch(((1, 1), (2, 1), (0, 3))) - model.batch(((1, 1), (2, 1)))
+    model.observe_step(3, 10.0)
+    assert model.added(3, shared) == model.batch(((1, 1), (2, 1), (0, 3))) - model.batch(((1, 1), (2, 1)))
+    assert model.added(3, shared) != before
+
+
+@pytest.mark.parametrize("a", [0.0005, 0.05, 0.3, 0.7, 0.95, 0.999])
+@pytest.mark.parametrize("curve", [FLAT, CPU])
+def test_the_search_stops_where_rows_add_no_tokens_without_missing_the_best(a: float, curve: list[float]) -> None:
+    """The planner stops weighing longer drafts once a row adds under MIN_HOLD expected tokens;
+    the length it picks is the one a search over every length picks."""
+    p = plan(curve, n_max=8)
+    key = Key("draft", 0)
+    p._evidence[key] = [a * 1e6, (1 - a) * 1e6]  # acceptance a, beyond any prior
+    got = p._best(0, Support(), 8, 0)
+    t = p.cost.t_step
+    need = p.config.min_gain / t[1]
+    rates = {k: expected_tokens(a, k) / t[k + 1] for k in range(1, 9)}
+    best = max((k for k in rates if rates[k] > need), key=lambda k: rates[k], default=0)
+    assert got[0] == best

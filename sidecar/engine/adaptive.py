@@ -109,7 +109,9 @@ class CostModel:
         self.explored: set[str] = set()  # costly sources probed once already, evidence or not
         self.set_provisional(False)  # provisional: the load-time measurement looked disturbed (calibrate)
         self.calibration_seconds = 0.0
-        self._others: tuple[object, float] = ((), 0.0)  # (a step's others' rows, their decode's price)
+        # (a step's others' rows, the curve priced by, their decode's price, (seq, n) -> what n rows
+        # add): a round prices many draft lengths, from each ready source, against one step.
+        self._others: tuple[object, object, float, dict[tuple[int, int], float]] = ((), None, 0.0, {})
 
     def age(self, factor: float = 0.9) -> None:
         """Fade every class's evidence a little (once per request): a class judged not to pay is
@@ -168,10 +170,13 @@ class CostModel:
         `batch`): a sequence is priced by what it adds to a shared step. Alone: t_step(n)."""
         if step is None or not step.rows:
             return self._at(n)
-        # A round prices many n against one step: the others' decode is priced once per step.
-        if self._others[0] is not step.rows:
-            self._others = (step.rows, self.batch(step.rows))
-        return self.batch((*step.rows, (step.seq, n))) - self._others[1]
+        if self._others[0] is not step.rows or self._others[1] is not self.t_step:
+            self._others = (step.rows, self.t_step, self.batch(step.rows), {})
+        _, _, others, added = self._others
+        got = added.get((step.seq, n))
+        if got is None:
+            got = added[(step.seq, n)] = self.batch((*step.rows, (step.seq, n))) - others
+        return got
 
     def observe_acceptance(self, key: tuple[str, int], drafted: int, accepted: int) -> None:
         ev = self.evidence.setdefault(key, [0.0, 0.0])
@@ -373,6 +378,7 @@ class CostModel:
         table = self.t_same if same and n > 1 and self.t_same else self.t_step
         if n >= len(table):
             return
+        self._others = ((), None, 0.0, {})  # prices cached against the old curve
         old = table[n]
         table[n] = self._ewma(old, seconds)
         if self.provisional and table is self.t_step:

@@ -73,6 +73,11 @@ class Round:
     probe: bool = False
 
 
+MIN_HOLD = 1e-3
+"""Draft lengths are weighed until a row adds fewer expected tokens than this: the chance that a
+draft holds that far only falls with its length, so no longer draft can pay for its rows (a
+sequence weighs up to ~24 lengths per source and step, each priced against the whole step)."""
+
 PLAIN = Round()
 PROBE_TOKENS = 8  # a probe's draft: enough for one round to be evidence (a model draft's default n_max)
 
@@ -236,10 +241,14 @@ class Plan:
         best = (0, 1, 0.0, 0.0)
         k_max = min(k_cap, len(t) - 2)
         expected = self._expected(i, support, max(0, k_max))
+        prev_k, prev_e = 0, expected[0]
         for k in draft_lengths(max(1, self.config.n_min), k_max):
             if t[k + 1] <= 0:
                 continue
             e = expected[k]
+            if e - prev_e < MIN_HOLD * (k - prev_k):
+                break  # the rows from here on add (almost) no tokens
+            prev_k, prev_e = k, e
             for n in (k + 1, stretch) if stretch > k + 1 and stretch - 1 <= pad_cap else (k + 1,):
                 seconds = round_seconds(k, t_d, self._rows_cost(n, step), switch)
                 rate = (others + e) / (shared + seconds)
