@@ -684,3 +684,22 @@ def test_the_search_stops_where_rows_add_no_tokens_without_missing_the_best(a: f
     rates = {k: expected_tokens(a, k) / t[k + 1] for k in range(1, 9)}
     best = max((k for k in rates if rates[k] > need), key=lambda k: rates[k], default=0)
     assert got[0] == best
+
+
+def test_a_pass_over_several_streams_is_priced_as_shared_decodes_showed() -> None:
+    """Four sequences' plain rows took 3.1 one-row steps where the curve says 2.4 for four rows:
+    such passes cost more from then on; a lone sequence's draft pass does not."""
+    model = cost(CPU)
+    four = ((0, 1), (1, 1), (2, 1), (3, 1))
+    assert model.batch(four) == pytest.approx(2.4)
+    for _ in range(30):
+        model.observe_shared(four, 3.1)
+    assert model.shared == pytest.approx(3.1 / 2.4, rel=0.01)
+    assert model.batch(four) == pytest.approx(3.1, rel=0.01)
+    # Rows 5, 1, 1, 1: a pass of 4 over four streams, then one of 4 rows on sequence 0 alone.
+    assert model.batch(((0, 5), (1, 1), (2, 1), (3, 1))) == pytest.approx(3.1 + 2.4, rel=0.01)
+    # A decode with a pass of one stream says nothing: its time is one sum over both kinds.
+    model.observe_shared(((0, 5), (1, 1), (2, 1), (3, 1)), 60.0)
+    assert model.shared == pytest.approx(3.1 / 2.4, rel=0.01)
+    model.observe_shared(four, 100.0)  # one decode a busy machine slowed moves it within bounds
+    assert model.shared <= adaptive.SHARED_MAX

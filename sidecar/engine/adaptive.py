@@ -57,6 +57,10 @@ class SpeculativeConfig:
     adaptive: bool = True  # False: always draft n_max (llama.cpp's fixed draft length), no fallback
 
 
+SHARED_MIN, SHARED_MAX = 0.5, 3.0
+"""The range a shared pass's learnt cost factor (CostModel.shared) is held in: one decode a busy
+machine slowed must not price every shared step at ten times the curve."""
+
 CONTENDED = 1.5
 """One-token steps that differ by more than this factor say other processes hold the cores (on a
 quiet machine five in a row agree within ~10%)."""
@@ -99,6 +103,11 @@ class CostModel:
         # Seconds per n rows right after a decode of n rows, where that is measurably cheaper than
         # t_step (a GPU replays the graph it captured for that shape); empty where it is not (a CPU).
         self.t_same: list[float] = []
+        # What a pass over several sequences' KV streams costs over the curve's price of as many
+        # rows of one stream: llama.cpp attends per stream, which costs more than one stream's
+        # batch (SmolLM2 on 2 cores: four streams' plain rows 3.1 one-row steps, against 2.5 for
+        # four rows of one). Learnt from shared steps (observe_shared); 1 until one ran.
+        self.shared = 1.0
         # The pair's acceptance across requests (decayed) per (source, class) (planner.Key), so a
         # new request starts from what this draft has shown rather than from the prior, and a
         # known-bad draft is rarely probed.
@@ -140,30 +149,34 @@ class CostModel:
         return self._padded(rows) < self._split(rows)
 
     def _split(self, rows: Sequence[tuple[int, int]]) -> float:
-        """Each sequence has a KV stream of its own (engine.llama.Context), and llama.cpp splits such
-        a batch into passes (llama_batch_allocr::split_equal, sequential): a pass takes a run of
-        consecutive sequence ids from the lowest one left and the same number of rows from each
-        (the fewest any of them has left). So four plain rows on sequences 0-3 are one pass of 4,
-        rows 9 and 1 are a pass of 2 and one of 8, and sequences 0 and 2 are two passes of 1."""
-        left = {s: n for s, n in rows if n > 0}
-        total = 0.0
-        while left:
-            ids = sorted(left)
-            run = [ids[0]]
-            for s in ids[1:]:
-                if s != run[-1] + 1:
-                    break
-                run.append(s)
-            m = min(left[s] for s in run)
-            total += self._at(m * len(run))
-            for s in run:
-                left[s] -= m
-                if not left[s]:
-                    del left[s]
-        return total
+        return self._price(passes(rows))
 
     def _padded(self, rows: Sequence[tuple[int, int]]) -> float:
-        return sum(self._at(max(n for _, n in run) * len(run)) for run in runs(rows))
+        return self._price([(max(n for _, n in run) * len(run), len(run)) for run in runs(rows)])
+
+    def _price(self, layout: Sequence[tuple[int, int]]) -> float:
+        """Seconds of a decode's passes, each (rows, KV streams it spans): a pass over several
+        streams costs `shared` times what the curve (one stream's rows) says."""
+        return sum(self._at(m) * (self.shared if streams > 1 else 1.0) for m, streams in layout)
+
+    def observe_shared(self, rows: Sequence[tuple[int, int]], seconds: float) -> None:
+        """A decode of several sequences' rows, as (sequence id, rows) as decoded, took `seconds`:
+        what its passes over several streams cost beyond the curve's price of their rows.
+
+        Only a decode whose every pass spans several streams says so (every sequence's plain row,
+        or drafts padded to one width). Where a draft's rows also make a pass of their own, the
+        time is one sum over both, and the curve prices a wide pass of one stream from an empty
+        cache (calibrate), below what it costs deep into a request: that shortfall would be
+        taken for the shared passes' (measured: a factor of 2.7 where a clean one was 1.2)."""
+        layout = passes(rows)
+        if not layout or any(streams == 1 for _, streams in layout):
+            return
+        price = sum(self._at(m) for m, _ in layout)
+        if price <= 0:  # nothing measured yet
+            return
+        got = min(SHARED_MAX, max(SHARED_MIN, seconds / price))
+        self.shared += self._smooth * (got - self.shared)
+        self._others = ((), None, 0.0, {})  # prices cached at the old factor
 
     def added(self, n: int, step: Step | None = None) -> float:
         """Seconds that n rows add to a decode the other sequences of `step` already fill (see
@@ -457,6 +470,32 @@ def _interpolated(known: dict[int, float], n: int) -> list[float]:
 def _noisy(samples: dict[int, list[float]], spread: float = 1.3) -> bool:
     """Whether repetitions of one size disagree by more than `spread` (a machine busy meanwhile)."""
     return any(len(v) >= 2 and max(v) > spread * min(v) for v in samples.values())
+
+
+def passes(rows: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The passes llama.cpp decodes a batch of several sequences' rows in, `rows` as (sequence id,
+    rows), each as (rows, KV streams it spans). Each sequence has a KV stream of its own
+    (engine.llama.Context), and llama.cpp splits such a batch (llama_batch_allocr::split_equal,
+    sequential): a pass takes a run of consecutive sequence ids from the lowest one left and the
+    same number of rows from each (the fewest any of them has left). So four plain rows on
+    sequences 0-3 are one pass of 4, rows 9 and 1 are a pass of 2 and one of 8, and sequences 0
+    and 2 are two passes of 1."""
+    left = {s: n for s, n in rows if n > 0}
+    out: list[tuple[int, int]] = []
+    while left:
+        ids = sorted(left)
+        run = [ids[0]]
+        for s in ids[1:]:
+            if s != run[-1] + 1:
+                break
+            run.append(s)
+        m = min(left[s] for s in run)
+        out.append((m * len(run), len(run)))
+        for s in run:
+            left[s] -= m
+            if not left[s]:
+                del left[s]
+    return out
 
 
 def runs(rows: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:

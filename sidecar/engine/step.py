@@ -11,7 +11,9 @@ What a step holds:
 - A decoding sequence's rows: its pending token, plus the draft its planner priced for this step
   (engine.planner, `Step`): in id order, each sequence sees the rows the others put in the step
   (those before it as decided, those after it as plain rows), so a draft is taken only where it
-  adds more tokens than it slows the whole step down, and drafts shrink as the batch fills.
+  adds more tokens than it slows the whole step down, and drafts shrink as the batch fills. A pass
+  over several sequences' streams costs more than as many rows of one stream; every shared decode
+  teaches the cost model by how much (CostModel.observe_shared).
 - Model drafts for those rows: every sequence whose round drafts from a draft model gets its draft
   from its own stream of the pair's one draft context, all in one llama_decode per draft step
   (drafters.propose_together).
@@ -217,6 +219,10 @@ class StepLoop:
             return out
         seconds = time.perf_counter() - t
         self._learn_chunks(parts, seconds)
+        if len(parts) > 1 and all(rows.logits for _, rows in parts):
+            decoded = [(sid, len(tokens)) for sid, tokens, _ in batch]
+            for cost in {id(m): m for m in (self.running[sid].cost for sid, _ in parts)}.values():
+                cost.observe_shared(decoded, seconds)
         self.stats.steps += 1
         self.stats.rows += sum(len(rows.tokens) for _, rows in parts)
         alone = len(parts) == 1
