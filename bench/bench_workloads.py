@@ -37,7 +37,7 @@ import logging
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -247,8 +247,9 @@ async def bench_workload(rt: Runtime, name: str, reps: int, results: dict[str, A
     results[name] = rows
 
 
-async def bench_hybrid(rt: Runtime, models: Path, reps: int, tokens: int, results: dict[str, Any]) -> None:
-    """The padded pair's four prompts: n-gram only, model only, and both."""
+async def bench_hybrid(rt: Runtime, models: Path, reps: int, tokens: int, results: dict[str, Any],
+                       prompts: Sequence[str] = tuple(PROMPTS)) -> None:
+    """The padded pair's four prompts (or those named): n-gram only, model only, and both."""
     ensure_models(models)
     target, smol = str(models / "smollm2-x120-eps0.gguf"), str(smollm2_path())
     entries = {"ngram": pair_entry("h:ngram", target, "ngram"), "model": pair_entry("h:model", target, smol),
@@ -261,7 +262,7 @@ async def bench_hybrid(rt: Runtime, models: Path, reps: int, tokens: int, result
           "| hybrid / better | hybrid sources (accepted/drafted) | identical |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
-    for pname, q in PROMPTS.items():
+    for pname, q in ((p, PROMPTS[p]) for p in prompts):
         turn = Turn(Prompt.of_completion(chat(q), raw=True))
         runs: dict[str, list[Run]] = {"plain": [], "ngram": [], "model": [], "hybrid": []}
         for rep in range(reps):
@@ -277,7 +278,8 @@ async def bench_hybrid(rt: Runtime, models: Path, reps: int, tokens: int, result
         print(f"| {pname} | {tps['plain']:.1f} | {tps['ngram']:.1f} | {tps['model']:.1f} | {tps['hybrid']:.1f} "
               f"| {rn:.2f} | {rm:.2f} | {rh:.2f} | {rh / max(rn, rm):.2f} | {_sources(runs['hybrid'])} "
               f"| {'yes' if same else 'NO'} |")
-        rows.append({"prompt": pname, **tps, "identical": same, "prompt_tokens": ref.prompt})
+        rows.append({"prompt": pname, **tps, "reps": {k: [r.tok_s for r in v] for k, v in runs.items()},
+                     "identical": same, "prompt_tokens": ref.prompt})
     results["hybrid"] = rows
     await rt.unload_all()
 
@@ -337,6 +339,7 @@ async def main() -> None:
     ap.add_argument("--only", default="repeat,extract,agent,hybrid")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--hybrid-tokens", type=int, default=192)
+    ap.add_argument("--hybrid-prompts", default=",".join(PROMPTS), help="the hybrid section's prompts")
     ap.add_argument("--models", type=Path, default=OUT)
     ap.add_argument("--llama-server", action="store_true", help="also run llama-server on the same prompts")
     ap.add_argument("--json", type=Path, default=REPO / "bench" / "out" / "workloads.json")
@@ -350,7 +353,7 @@ async def main() -> None:
         if name in only:
             await bench_workload(rt, name, args.reps, results)
     if "hybrid" in only:
-        await bench_hybrid(rt, args.models, args.reps, args.hybrid_tokens, results)
+        await bench_hybrid(rt, args.models, args.reps, args.hybrid_tokens, results, args.hybrid_prompts.split(","))
     if args.llama_server:
         llama_server_runs(results, args.models, args.reps, args.hybrid_tokens)
     args.json.parent.mkdir(parents=True, exist_ok=True)

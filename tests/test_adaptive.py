@@ -698,8 +698,22 @@ def test_a_pass_over_several_streams_is_priced_as_shared_decodes_showed() -> Non
     assert model.batch(four) == pytest.approx(3.1, rel=0.01)
     # Rows 5, 1, 1, 1: a pass of 4 over four streams, then one of 4 rows on sequence 0 alone.
     assert model.batch(((0, 5), (1, 1), (2, 1), (3, 1))) == pytest.approx(3.1 + 2.4, rel=0.01)
-    # A decode with a pass of one stream says nothing: its time is one sum over both kinds.
-    model.observe_shared(((0, 5), (1, 1), (2, 1), (3, 1)), 60.0)
-    assert model.shared == pytest.approx(3.1 / 2.4, rel=0.01)
     model.observe_shared(four, 100.0)  # one decode a busy machine slowed moves it within bounds
     assert model.shared <= adaptive.SHARED_MAX
+
+
+def test_a_drafts_own_pass_beside_others_is_priced_as_shared_decodes_showed() -> None:
+    """Once the shared passes' factor is known, a decode that also has a pass of one stream (a
+    draft's rows past the others') teaches what such a pass costs beside them; alone, a
+    sequence's rows are still priced by the curve (its own rounds correct that)."""
+    model = cost(CPU)
+    four = ((0, 1), (1, 1), (2, 1), (3, 1))
+    drafting = ((0, 5), (1, 1), (2, 1), (3, 1))  # a pass of 4 over four streams, one of 4 rows
+    for _ in range(30):
+        model.observe_shared(four, 3.0)
+    for _ in range(30):
+        model.observe_shared(drafting, 3.0 + 2 * 2.4)
+    assert model.shared == pytest.approx(3.0 / 2.4, rel=0.01)
+    assert model.beside == pytest.approx(2.0, rel=0.01)
+    assert model.batch(drafting) == pytest.approx(3.0 + 4.8, rel=0.01)
+    assert model.added(4) == pytest.approx(2.4)  # alone: the curve

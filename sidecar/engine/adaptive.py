@@ -58,8 +58,8 @@ class SpeculativeConfig:
 
 
 SHARED_MIN, SHARED_MAX = 0.5, 3.0
-"""The range a shared pass's learnt cost factor (CostModel.shared) is held in: one decode a busy
-machine slowed must not price every shared step at ten times the curve."""
+"""The range a shared step's learnt cost factors (CostModel.shared, .beside) are held in: one decode
+a busy machine slowed must not price every shared step at ten times the curve."""
 
 CONTENDED = 1.5
 """One-token steps that differ by more than this factor say other processes hold the cores (on a
@@ -108,6 +108,9 @@ class CostModel:
         # batch (SmolLM2 on 2 cores: four streams' plain rows 3.1 one-row steps, against 2.5 for
         # four rows of one). Learnt from shared steps (observe_shared); 1 until one ran.
         self.shared = 1.0
+        # What a pass of one stream costs beside other sequences' rows over the curve's price
+        # (a draft's rows deep into a request, which the curve, timed on an empty cache, prices low).
+        self.beside = 1.0
         # The pair's acceptance across requests (decayed) per (source, class) (planner.Key), so a
         # new request starts from what this draft has shown rather than from the prior, and a
         # known-bad draft is rarely probed.
@@ -149,34 +152,40 @@ class CostModel:
         return self._padded(rows) < self._split(rows)
 
     def _split(self, rows: Sequence[tuple[int, int]]) -> float:
-        return self._price(passes(rows))
+        return self._price(passes(rows), _several(rows))
 
     def _padded(self, rows: Sequence[tuple[int, int]]) -> float:
-        return self._price([(max(n for _, n in run) * len(run), len(run)) for run in runs(rows)])
+        return self._price([(max(n for _, n in run) * len(run), len(run)) for run in runs(rows)], _several(rows))
 
-    def _price(self, layout: Sequence[tuple[int, int]]) -> float:
-        """Seconds of a decode's passes, each (rows, KV streams it spans): a pass over several
-        streams costs `shared` times what the curve (one stream's rows) says."""
-        return sum(self._at(m) * (self.shared if streams > 1 else 1.0) for m, streams in layout)
+    def _price(self, layout: Sequence[tuple[int, int]], several: bool) -> float:
+        """Seconds of a decode's passes, each (rows, KV streams it spans), `several`: the decode
+        holds several sequences' rows. A pass over several streams costs `shared` times what the
+        curve (one stream's rows) says, and a pass of one stream beside others `beside` times."""
+        alone = self.beside if several else 1.0
+        return sum(self._at(m) * (self.shared if streams > 1 else alone) for m, streams in layout)
 
     def observe_shared(self, rows: Sequence[tuple[int, int]], seconds: float) -> None:
         """A decode of several sequences' rows, as (sequence id, rows) as decoded, took `seconds`:
-        what its passes over several streams cost beyond the curve's price of their rows.
+        what its passes cost beyond the curve's price of their rows.
 
-        Only a decode whose every pass spans several streams says so (every sequence's plain row,
-        or drafts padded to one width). Where a draft's rows also make a pass of their own, the
-        time is one sum over both, and the curve prices a wide pass of one stream from an empty
-        cache (calibrate), below what it costs deep into a request: that shortfall would be
-        taken for the shared passes' (measured: a factor of 2.7 where a clean one was 1.2)."""
+        llama.cpp times the decode as one sum over its passes, so each factor is learnt where it
+        can be told apart: `shared` from decodes whose every pass spans several streams (every
+        sequence's plain row, or drafts padded to one width); `beside` from those with passes of
+        one stream too (a draft's rows past the others'), given `shared`. The curve prices a wide
+        pass of one stream from an empty cache (calibrate), below what it costs deep into a
+        request; a lone sequence's rounds correct the curve as they go, but a shared step's
+        time says nothing about one of its passes (one learnt factor for both read 2.7 where the
+        shared passes' alone was 1.2)."""
         layout = passes(rows)
-        if not layout or any(streams == 1 for _, streams in layout):
+        spanning = sum(self._at(m) for m, streams in layout if streams > 1)
+        alone = sum(self._at(m) for m, streams in layout if streams == 1)
+        if alone <= 0 < spanning:
+            self.shared += self._smooth * (_bounded(seconds / spanning) - self.shared)
+        elif alone > 0:
+            self.beside += self._smooth * (_bounded((seconds - spanning * self.shared) / alone) - self.beside)
+        else:  # nothing measured yet
             return
-        price = sum(self._at(m) for m, _ in layout)
-        if price <= 0:  # nothing measured yet
-            return
-        got = min(SHARED_MAX, max(SHARED_MIN, seconds / price))
-        self.shared += self._smooth * (got - self.shared)
-        self._others = ((), None, 0.0, {})  # prices cached at the old factor
+        self._others = ((), None, 0.0, {})  # prices cached at the old factors
 
     def added(self, n: int, step: Step | None = None) -> float:
         """Seconds that n rows add to a decode the other sequences of `step` already fill (see
@@ -470,6 +479,14 @@ def _interpolated(known: dict[int, float], n: int) -> list[float]:
 def _noisy(samples: dict[int, list[float]], spread: float = 1.3) -> bool:
     """Whether repetitions of one size disagree by more than `spread` (a machine busy meanwhile)."""
     return any(len(v) >= 2 and max(v) > spread * min(v) for v in samples.values())
+
+
+def _several(rows: Sequence[tuple[int, int]]) -> bool:
+    return sum(1 for _, n in rows if n > 0) > 1
+
+
+def _bounded(factor: float) -> float:
+    return min(SHARED_MAX, max(SHARED_MIN, factor))
 
 
 def passes(rows: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
