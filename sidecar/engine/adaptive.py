@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sidecar.engine.layout import passes, runs, several
 from sidecar.engine.llama import Context
 
 
@@ -152,10 +153,10 @@ class CostModel:
         return self._padded(rows) < self._split(rows)
 
     def _split(self, rows: Sequence[tuple[int, int]]) -> float:
-        return self._price(passes(rows), _several(rows))
+        return self._price(passes(rows), several(rows))
 
     def _padded(self, rows: Sequence[tuple[int, int]]) -> float:
-        return self._price([(max(n for _, n in run) * len(run), len(run)) for run in runs(rows)], _several(rows))
+        return self._price([(max(n for _, n in run) * len(run), len(run)) for run in runs(rows)], several(rows))
 
     def _price(self, layout: Sequence[tuple[int, int]], several: bool) -> float:
         """Seconds of a decode's passes, each (rows, KV streams it spans), `several`: the decode
@@ -481,49 +482,8 @@ def _noisy(samples: dict[int, list[float]], spread: float = 1.3) -> bool:
     return any(len(v) >= 2 and max(v) > spread * min(v) for v in samples.values())
 
 
-def _several(rows: Sequence[tuple[int, int]]) -> bool:
-    return sum(1 for _, n in rows if n > 0) > 1
-
-
 def _bounded(factor: float) -> float:
     return min(SHARED_MAX, max(SHARED_MIN, factor))
-
-
-def passes(rows: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The passes llama.cpp decodes a batch of several sequences' rows in, `rows` as (sequence id,
-    rows), each as (rows, KV streams it spans). Each sequence has a KV stream of its own
-    (engine.llama.Context), and llama.cpp splits such a batch (llama_batch_allocr::split_equal,
-    sequential): a pass takes a run of consecutive sequence ids from the lowest one left and the
-    same number of rows from each (the fewest any of them has left). So four plain rows on
-    sequences 0-3 are one pass of 4, rows 9 and 1 are a pass of 2 and one of 8, and sequences 0
-    and 2 are two passes of 1."""
-    left = {s: n for s, n in rows if n > 0}
-    out: list[tuple[int, int]] = []
-    while left:
-        ids = sorted(left)
-        run = [ids[0]]
-        for s in ids[1:]:
-            if s != run[-1] + 1:
-                break
-            run.append(s)
-        m = min(left[s] for s in run)
-        out.append((m * len(run), len(run)))
-        for s in run:
-            left[s] -= m
-            if not left[s]:
-                del left[s]
-    return out
-
-
-def runs(rows: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
-    """(sequence id, rows) grouped into runs of consecutive ids, in id order."""
-    out: list[list[tuple[int, int]]] = []
-    for s, n in sorted(r for r in rows if r[1] > 0):
-        if out and s == out[-1][-1][0] + 1:
-            out[-1].append((s, n))
-        else:
-            out.append([(s, n)])
-    return out
 
 
 def expected_tokens(a: float, k: int) -> float:

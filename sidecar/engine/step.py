@@ -47,8 +47,9 @@ from collections import abc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from sidecar.engine.adaptive import Step, runs
+from sidecar.engine.adaptive import Step
 from sidecar.engine.drafters import common_prefix, propose_together
+from sidecar.engine.layout import runs
 from sidecar.engine.llama import Context
 from sidecar.engine.sequence import Ask, Item, Rows, Sequence
 from sidecar.engine.seqview import SeqView
