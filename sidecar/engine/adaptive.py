@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sidecar.engine.layout import passes, runs, several
+from sidecar.engine.layout import padded_passes, passes, several
 from sidecar.engine.llama import Context
 
 
@@ -156,7 +156,7 @@ class CostModel:
         return self._price(passes(rows), several(rows))
 
     def _padded(self, rows: Sequence[tuple[int, int]]) -> float:
-        return self._price([(max(n for _, n in run) * len(run), len(run)) for run in runs(rows)], several(rows))
+        return self._price(padded_passes(rows), several(rows))
 
     def _price(self, layout: Sequence[tuple[int, int]], several: bool) -> float:
         """Seconds of a decode's passes, each (rows, KV streams it spans), `several`: the decode

@@ -42,6 +42,12 @@ def passes(rows: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
+def padded_passes(rows: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The passes once every run of consecutive ids is padded to its widest member (engine.step,
+    pad_widths): one pass per run, as (rows, KV streams it spans)."""
+    return [(max(n for _, n in run) * len(run), len(run)) for run in runs(rows)]
+
+
 def runs(rows: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
     """(sequence id, rows) grouped into runs of consecutive ids, in id order."""
     out: list[list[tuple[int, int]]] = []
