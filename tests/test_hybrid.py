@@ -442,6 +442,23 @@ def test_beside_a_free_source_a_catch_up_is_paid_once_plain_steps_cost_as_much()
     assert alone.decide(0, INF, 100).k > 0
 
 
+def test_beside_a_free_source_an_unexplored_model_is_probed_once_plain_steps_cost_its_catch_up() -> None:
+    """Drafting alone, a model never probed is probed at its first chance (test_adaptive). Beside a
+    free source that first probe is rented too: a 300-token catch-up (3 s at 0.01 s a token) waits
+    for 3 s of plain steps, so a request the free source covers never prefills its prompt into the
+    model; with nothing to catch up it probes at once."""
+    for lag, after in ((300, 3), (0, 1)):
+        p = Plan.start(SpeculativeConfig(n_max=12), fixed(), [
+            Source("ngram", support=lambda: Support(ready=False)),
+            Source("model", has_cost=True, support=lambda: Support(cls=0, prior=0.1), lag=lambda lag=lag: lag)], -1)
+        for produced in range(100):
+            rnd = p.decide(produced, INF, 100)
+            if rnd.k:
+                break
+            p.record(rnd, 0, 0, 0.0, 1.0, produced)
+        assert rnd.probe and rnd.source == 1 and produced + 1 == after, lag
+
+
 def test_a_model_that_fell_behind_yields_to_a_free_source_that_can_draft() -> None:
     """The model's drafts are worth a little more than the n-gram's this round, until the round
     must also prefill the 300 tokens the n-gram source drafted meanwhile (3 s): then the free

@@ -353,7 +353,8 @@ class Plan:
         A costly source the pair has no evidence of at all is probed once, the first time it could
         draft (a request's start, where its catch-up is the prompt): judged by the prior alone, a
         model draft on a CPU never looks worth a round, and a draft that agrees far better than
-        the prior (a distilled or same-family draft) would never show it."""
+        the prior (a distilled or same-family draft) would never show it. Beside a free source,
+        the first time its catch-up is rented."""
         costly = self._costly
         probe = costly is not None and supports[costly].ready
         # A free source that has drafted this request was not switched off: only this class of
@@ -370,6 +371,12 @@ class Plan:
         k = min(k_cap, PROBE_TOKENS)
         name = self.sources[costly].name if costly is not None else ""
         unknown = probe and name not in self.cost.explored
+        if unknown and len(self.sources) > 1:
+            # Beside a free source the exploring probe is rented as a catch-up is (decide): it
+            # waits until this request's plain steps have cost what prefilling the model costs,
+            # so a request the free source covers (an edit) never pays the prompt into it.
+            catchup = self.sources[costly].lag() * self.cost.t_catchup  # type: ignore[index]
+            unknown = probing.idle * self.cost.t_step[1] >= catchup
         if probe and (unknown or (probing.idle >= probing.backoff and self._probe_affordable(k))):
             # Probe in full so one round is real evidence (a model drafter still stops early where
             # its own confidence falls below p_min).
