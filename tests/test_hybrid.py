@@ -442,6 +442,25 @@ def test_beside_a_free_source_a_catch_up_is_paid_once_plain_steps_cost_as_much()
     assert alone.decide(0, INF, 100).k > 0
 
 
+def test_a_catch_ups_rental_is_priced_when_it_starts_though_the_lag_grows_while_it_runs() -> None:
+    """Every plain step the held-back model sits out adds a token to what it must catch up. Where a
+    token's catch-up (0.6 s here) costs more than a plain step loses to the held-back model, a price
+    that grew with the rent would never be reached: the rental's price is the catch-up when it
+    began (10 tokens, 6 s), and the model starts once the plain steps have lost that much."""
+    p = two_sources(Support(ready=False))
+    p.cost.t_catchup = 0.6
+    produced = [0]
+    p.sources[1].lag = lambda: 10 + produced[0]
+    for produced[0] in range(200):
+        lost = p._rent
+        rnd = p.decide(produced[0], INF, 100)
+        if rnd.k:
+            break
+        p.record(rnd, 0, 0, 0.0, 1.0, produced[0])
+    assert rnd.k > 0 and rnd.source == 1
+    assert 6.0 <= lost < 6.0 + 1.0 and produced[0] < 30
+
+
 def test_beside_a_free_source_an_unexplored_model_is_probed_once_plain_steps_cost_its_catch_up() -> None:
     """Drafting alone, a model never probed is probed at its first chance (test_adaptive). Beside a
     free source that first probe is rented too: a 300-token catch-up (3 s at 0.01 s a token) waits

@@ -136,6 +136,7 @@ class Plan:
     _since_batch: int = 0  # plain steps since the last batch (the prompt's prefill is one)
     _prev_rows: int = 0  # rows of the last decode; 0: the prompt's prefill
     _rent: float = 0.0  # seconds plain steps lost to a model held back by its catch-up (decide)
+    _price: float = 0.0  # ... and the catch-up it was held back for, when the holding began
 
     @classmethod
     def start(cls, config: SpeculativeConfig, cost: CostModel, sources: Sequence[Source], num_predict: int) -> Plan:
@@ -318,9 +319,14 @@ class Plan:
                 plain = (step.tokens + 1.0) / (self.cost.batch(step.rows) + self.cost.added(1, step))
                 gain = 1.0 / plain - 1.0 / rate
                 catchup = self.sources[i].lag() * self.cost.t_catchup
-                rented = self._rent >= catchup or len(self.sources) == 1
+                # The rental's price is the catch-up when it started: every plain step it holds
+                # the model back adds a token to the lag, and a price that grew with the rent
+                # could outrun it (a gain under t_catchup a token never buys).
+                price = self._price or catchup
+                rented = self._rent >= price or len(self.sources) == 1
                 if min(remaining, c.horizon) * share * gain < catchup or not rented:
                     held, ki = gain, 0
+                    self._price = price
             if ki and self.sources[i].has_cost:
                 # Against the other sources, this round pays the catch-up of what they drafted
                 # while the model sat out: a copying stretch stays with the free source.
@@ -331,7 +337,7 @@ class Plan:
         if best.k:
             self._last = self._key(best.source, best.support)
             if self.sources[best.source].has_cost:
-                self._rent = 0.0  # bought: the next catch-up is weighed against the steps after this
+                self._rent = self._price = 0.0  # bought: the next catch-up is weighed against the steps after this
             self.fallback = None  # speculating again: `fallback` reports why it is off, if it is
             return best
         self._last = None
