@@ -459,6 +459,17 @@ def test_a_catch_ups_rental_is_priced_when_it_starts_though_the_lag_grows_while_
         p.record(rnd, 0, 0, 0.0, 1.0, produced[0])
     assert rnd.k > 0 and rnd.source == 1
     assert 6.0 <= lost < 6.0 + 1.0 and produced[0] < 30
+    assert p.fallback is None  # drafting again
+
+
+def test_a_model_held_back_by_its_catch_up_says_so() -> None:
+    """A model whose drafts would pay (0.9 acceptance) but whose catch-up is not repaid yet is held
+    back: the request's `fallback` says that, not that the draft does not pay."""
+    p = two_sources(Support(ready=False))
+    p.sources[1].lag = lambda: 300
+    rnd = p.decide(0, INF, 100)
+    assert rnd.k == 0
+    assert p.fallback == "draft held back: catching up 300 tokens would not repay yet"
 
 
 def test_beside_a_free_source_an_unexplored_model_is_probed_once_plain_steps_cost_its_catch_up() -> None:

@@ -327,6 +327,8 @@ class Plan:
                 if min(remaining, c.horizon) * share * gain < catchup or not rented:
                     held, ki = gain, 0
                     self._price = price
+                    # A model that would pay, once caught up: not one that "does not pay".
+                    self.fallback = f"draft held back: catching up {self.sources[i].lag()} tokens would not repay yet"
             if ki and self.sources[i].has_cost:
                 # Against the other sources, this round pays the catch-up of what they drafted
                 # while the model sat out: a copying stretch stays with the free source.
