@@ -717,3 +717,33 @@ def test_a_drafts_own_pass_beside_others_is_priced_as_shared_decodes_showed() ->
     assert model.beside == pytest.approx(2.0, rel=0.01)
     assert model.batch(drafting) == pytest.approx(3.0 + 4.8, rel=0.01)
     assert model.added(4) == pytest.approx(2.4)  # alone: the curve
+
+
+def test_a_row_that_merges_two_passes_is_charged_nothing_not_less() -> None:
+    """Sequence 1's stream sits between 0's and 2's: its row joins them into one pass, so by price
+    it adds less than nothing (a pass of one stream beside others costs `beside` times the curve).
+    Its share of the decode is then zero, never below, and a token of the step costs the decode's
+    seconds over its plain rows."""
+    model = cost(CPU)
+    model.beside = 2.0
+    gap = Step(1, ((0, 1), (2, 1), (3, 1)), 3.0)
+    assert model.added(1, gap) < 0  # one pass of 4 rows (2.4) against 1 row beside (2.0) + 2 rows (1.5)
+    mine, plain_row, per_token = model.shares(1, gap, 2.4)
+    assert (mine, plain_row) == (0.0, 0.0)
+    assert per_token == pytest.approx(2.4 / 4)
+    mine, plain_row, _ = model.shares(5, gap, 3.0)
+    assert mine >= 0.0 and plain_row == 0.0
+
+
+def test_in_a_shared_step_a_costly_draft_is_judged_against_that_steps_plain_rate() -> None:
+    """Rounds that make 3 tokens for 1.7 s of drafting and verify share beat a lone one-row step
+    (1 s a token), but in a batch whose plain steps make a token every 0.35 s (a plain row adds
+    0.3 s) they lose: there the draft is switched off; judged alone, it is not."""
+    alone = plan(CPU, draft_has_cost=True)  # fallback_rounds 8, margin 0.97
+    batched = plan(CPU, draft_has_cost=True)
+    for i in range(8):
+        alone.record(FOUR, drafted=4, accepted=2, draft_seconds=0.5, verify_seconds=1.2, produced=3 * i + 3)
+        batched.record(FOUR, drafted=4, accepted=2, draft_seconds=0.5, verify_seconds=1.2, produced=3 * i + 3,
+                       observe=False, plain_seconds=0.3 + 2 * 0.35)
+    assert alone.fallback is None
+    assert batched.fallback == "slower than target-only: 1.8 vs 3.0 tok/s at acceptance 0.50"

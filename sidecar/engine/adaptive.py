@@ -201,6 +201,23 @@ class CostModel:
             got = added[(step.seq, n)] = self.batch((*step.rows, (step.seq, n))) - others
         return got
 
+    def shares(self, n: int, step: Step, seconds: float) -> tuple[float, float, float]:
+        """How a shared decode's `seconds` fall to a sequence whose n rows joined the others' of
+        `step`: its rows' share (what they add to the others' rows, at this decode's scale), the
+        share a plain row of its would have had in the same decode, and the seconds a token of
+        that decode had cost had the sequence stepped plain (the step's plain rate, inverted).
+
+        llama.cpp times the decode as one sum, so prices split it. A sequence whose stream fills
+        the gap between two others' merges their passes, so by price its rows may add less than
+        nothing; a share is never below zero."""
+        total = self.batch((*step.rows, (step.seq, n)))
+        if total <= 0:
+            return seconds, 0.0, 0.0
+        scale = seconds / total
+        plain = self.added(1, step)
+        per_token = scale * (self.batch(step.rows) + plain) / (step.tokens + 1.0)
+        return max(0.0, scale * self.added(n, step)), max(0.0, scale * plain), per_token
+
     def observe_acceptance(self, key: tuple[str, int], drafted: int, accepted: int) -> None:
         ev = self.evidence.setdefault(key, [0.0, 0.0])
         ev[0] = ev[0] * 0.98 + accepted

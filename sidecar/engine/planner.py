@@ -114,9 +114,11 @@ class Probing:
     backoff: int = 0
     idle: int = 0  # plain steps since the last evidence
     off_until: int = 0
-    # The realised throughput of its rounds since it was last judged (see Plan._judge).
+    # Its rounds since it was last judged (see Plan._judge): their tokens, the seconds they took,
+    # and the seconds plain steps would have taken for the same tokens.
     tokens: float = 0.0
     seconds: float = 0.0
+    plain: float = 0.0
     rounds: int = 0
 
 
@@ -397,12 +399,14 @@ class Plan:
 
     def record(self, rnd: Round, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,
                produced: int, step_seconds: float | None = None, caught_up: int = 0, rows: int = 0,
-               observe: bool = True) -> None:
+               observe: bool = True, plain_seconds: float | None = None) -> None:
         """Account one round as decided (`rnd`) and as it went: `drafted` tokens (0: a plain step;
         a drafter may propose fewer than rnd.k), `accepted` of them. step_seconds: drafting without
         catch-up, which prefilled `caught_up` tokens. rows: the batch decoded (drafted + 1 unless
         padded). observe: `verify_seconds` timed these rows alone (in a shared step it timed the
-        other sequences' rows too, and teaches the cost model nothing)."""
+        other sequences' rows too, and teaches the cost model nothing). plain_seconds: in a shared
+        step, what the round's tokens had cost stepping plain there (CostModel.shares); alone,
+        a one-row step each."""
         rows = rows or drafted + 1
         warm = self._warm
         same = rows == self._prev_rows
@@ -431,11 +435,18 @@ class Plan:
         self.cost.observe_draft(drafted, draft)
         # A catch-up prefill is paid once, when drafting starts; whether to go on drafting must
         # not count it (it would stop drafting just as the investment starts to pay).
-        self._judge(src.name, accepted + 1, draft + verify_seconds + (self.cost.t_switch if warm else 0.0), produced)
+        plain = (accepted + 1) * self.cost.t_step[1] if plain_seconds is None else plain_seconds
+        self._judge(src.name, accepted + 1, draft + verify_seconds + (self.cost.t_switch if warm else 0.0), plain,
+                    produced)
 
-    def _judge(self, name: str, tokens: int, seconds: float, produced: int) -> None:
+    def _judge(self, name: str, tokens: int, seconds: float, plain: float, produced: int) -> None:
         """Watch a costly source's realised throughput and switch it off for a back-off when it falls
         behind plain decoding: its price (draft steps, catch-up) is measured, not known.
+
+        Plain decoding is priced where each round ran (`plain`, the seconds plain steps would have
+        taken for its tokens): alone, a one-row step a token; in a shared step, what a plain row
+        and the step's plain rate cost there. A row beside seven others adds less than a step of
+        its own, so the lone rate made a draft that slowed a batch of eight look like a gain.
 
         Free sources are not judged so: their only price is the verify batch, which the cost model
         tracks, and their acceptance is priced class by class; a whole-drafter verdict mixed classes
@@ -444,20 +455,19 @@ class Plan:
         p.rounds += 1
         p.tokens += tokens
         p.seconds += seconds
+        p.plain += plain
         c = self.config
-        if not c.adaptive or p.rounds < c.fallback_rounds or self.cost.t_step[1] <= 0:
+        if not c.adaptive or p.rounds < c.fallback_rounds or p.seconds <= 0 or p.plain <= 0:
             return
-        realised = p.tokens / p.seconds
-        plain = 1.0 / self.cost.t_step[1]
-        if realised < c.fallback_margin * plain:
+        realised, plain_rate = p.tokens / p.seconds, p.tokens / p.plain
+        if realised < c.fallback_margin * plain_rate:
             drafted, accepted = self.tally.by_source[name]
-            self.fallback = (f"slower than target-only: {realised:.1f} vs {plain:.1f} tok/s "
+            self.fallback = (f"slower than target-only: {realised:.1f} vs {plain_rate:.1f} tok/s "
                              f"at acceptance {accepted / drafted:.2f}")
             p.off_until = produced + p.backoff
             p.backoff *= 2
         p.rounds = 0
-        p.tokens = 0.0
-        p.seconds = 0.0
+        p.tokens = p.seconds = p.plain = 0.0
 
     def _learn(self, i: int, support: Support, drafted: int, accepted: int) -> None:
         """Evidence from a draft whose first `accepted` tokens held: for each token's class (see

@@ -308,10 +308,11 @@ class Sequence:
         assert logits is not None and self._round is not None
         pending, self._round = self._round, None
         draft, proposal = pending.draft, pending.proposal
-        if not alone:  # its share of the shared decode, by what its rows add to the others'
-            total = self.cost.batch((*pending.step.rows, (pending.step.seq, pending.batch)))
-            if total > 0:
-                seconds *= self.cost.added(pending.batch, pending.step) / total
+        # Alone, the decode's seconds are this round's; in a shared decode, its share, and what a
+        # plain row and a token cost there: what the round's tokens had cost stepping plain.
+        plain_row = per_token = 0.0
+        if not alone:
+            seconds, plain_row, per_token = self.cost.shares(pending.batch, pending.step, seconds)
         tokens, history, out = self.tokens, self.history, self.result.tokens
         sampler, grammar, trigger, text_of = self.sampler, self.grammar, self.trigger, self.text_of
         window = sampler.history_window
@@ -332,7 +333,8 @@ class Sequence:
             states.close()
         self.kv_len = len(tokens) + m  # keep the pending token and the accepted drafts
         self.plan.record(pending.round, len(draft), m, proposal.seconds, seconds, len(out),
-                         proposal.step_seconds, proposal.caught_up, pending.batch, observe=alone)
+                         proposal.step_seconds, proposal.caught_up, pending.batch, observe=alone,
+                         plain_seconds=None if alone else plain_row + m * per_token)
         items: list[Item] = []
         for row, tok in enumerate((*draft[:m], nxt)):
             if self.weights.is_eog(tok):
