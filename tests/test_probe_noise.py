@@ -45,7 +45,7 @@ def busy(store: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[st
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CACHE_HOME", str(home))
         mp.setattr(probe, "DEFAULT_SETTINGS", FAST)
-        mp.setattr(adaptive, "_cores_taken", lambda *_: True)
+        mp.setattr(adaptive, "cores_taken", lambda *_: True)
         return suggest_json(store, "--probe"), home
 
 

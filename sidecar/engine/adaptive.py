@@ -16,13 +16,13 @@ evidence per class, for all of a pair's requests.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sidecar.engine.layout import padded_passes, passes, several
 from sidecar.engine.llama import Context
+from sidecar.engine.timing import cores_taken, interpolated, noisy, spread
 
 
 @dataclass(frozen=True)
@@ -259,7 +259,7 @@ class CostModel:
         # samples), and the sizes between are interpolated; one sample of every size would be
         # noise. The two alternate, so no decode follows one of its own shape (which a GPU replays
         # cheaper: t_same, below).
-        order = _spread(n_rows)
+        order = spread(n_rows)
         for i in range(0, len(order), 2):
             if time.perf_counter() > deadline and i >= 2:
                 break
@@ -282,14 +282,14 @@ class CostModel:
             run = [self._time_decode(ctx, 1) for _ in range(4)]
             steady = min(steady, *run)
             switch = min(switch, sum(after) - 3 * min(run))
-        best = _interpolated({n: min(v) for n, v in samples.items() if v}, n_rows)
+        best = interpolated({n: min(v) for n, v in samples.items() if v}, n_rows)
         best[1] = min(best[1], steady)
         # Rebuilding a graph costs at least one step run without it; less is cache effects and
         # timing noise (a CPU measures 0.1-0.2 steps here, and has no graphs to rebuild).
         self.t_switch = switch if 0.5 * best[1] < switch < float("inf") else 0.0
         measured = sum(1 for v in samples.values() if v)
         disturbed = (steady == float("inf") or measured < min(n_rows, 5)
-                     or _noisy(samples) or any(best[n] < 0.9 * best[n - 1] for n in range(2, n_rows + 1)))
+                     or noisy(samples) or any(best[n] < 0.9 * best[n - 1] for n in range(2, n_rows + 1)))
         # Verifying more rows never costs less; flatten noise that says otherwise.
         for n in range(2, n_rows + 1):
             best[n] = max(best[n], best[n - 1])
@@ -342,7 +342,7 @@ class CostModel:
         Contended: the cores are taken before anything runs (then one lone step is all that is
         timed), or the steps disagree, or five do not fit in the quarter."""
         ctx.clear()
-        if budget is not None and _cores_taken(ctx.n_threads):
+        if budget is not None and cores_taken(ctx.n_threads):
             return [], cls._lone_step(ctx)
         # The warm-up builds the one-token graph and the output buffer, and on a first load it
         # pages the weights in (SmolLM2 + 120 layers, 348 MiB: 0.56 s against a 40 ms step), so
@@ -444,59 +444,6 @@ class CostModel:
         """t_step(n) / t_step(1) for n = 1.., the relative cost of verifying n rows."""
         one = self.t_step[1] or 1.0
         return [t / one for t in self.t_step[1:]]
-
-
-def _cores_taken(n_threads: int, interval: float = 0.05) -> bool:
-    """Whether other processes leave fewer than half of `n_threads` cores idle (Linux /proc/stat,
-    sampled over `interval`; elsewhere False, and the one-token probes tell instead).
-
-    Checked before any timing: with every core taken, llama.cpp's threads wait for each other at
-    every op, and a single one-token decode stalls for seconds now and then (SmolLM2, 2 threads,
-    four spinning processes on 2 cores: 0.04 to 3.7 s)."""
-
-    def idle() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        return fields[3] + fields[4], sum(fields)  # idle + iowait, all
-
-    try:
-        idle0, total0 = idle()
-        time.sleep(interval)
-        idle1, total1 = idle()
-    except (OSError, ValueError, IndexError):
-        return False
-    cores = os.cpu_count() or 1
-    if total1 <= total0:
-        return False
-    return (idle1 - idle0) / (total1 - total0) * cores < 0.5 * min(n_threads, cores)
-
-
-def _spread(n: int) -> list[int]:
-    """1..n, widest-spread first: 1, n, then the midpoints of the gaps left (1, 13, 7, 4, 10, ...)."""
-    order, gaps = [1, n] if n > 1 else [1], [(1, n)]
-    while gaps:
-        lo, hi = gaps.pop(0)
-        if hi - lo > 1:
-            mid = (lo + hi) // 2
-            order.append(mid)
-            gaps += [(lo, mid), (mid, hi)]
-    return order
-
-
-def _interpolated(known: dict[int, float], n: int) -> list[float]:
-    """[inf, t(1) .. t(n)] with the sizes not in `known` drawn on the line between their neighbours."""
-    xs = sorted(known)
-    out = [float("inf")] * (n + 1)
-    for i in range(1, n + 1):
-        lo = max((x for x in xs if x <= i), default=xs[0])
-        hi = min((x for x in xs if x >= i), default=xs[-1])
-        out[i] = known[lo] if lo == hi else known[lo] + (known[hi] - known[lo]) * (i - lo) / (hi - lo)
-    return out
-
-
-def _noisy(samples: dict[int, list[float]], spread: float = 1.3) -> bool:
-    """Whether repetitions of one size disagree by more than `spread` (a machine busy meanwhile)."""
-    return any(len(v) >= 2 and max(v) > spread * min(v) for v in samples.values())
 
 
 def _bounded(factor: float) -> float:
