@@ -309,9 +309,10 @@ class Sequence:
         pending, self._round = self._round, None
         draft, proposal = pending.draft, pending.proposal
         # Alone, the decode's seconds are this round's; in a shared decode, its share, and what a
-        # plain row and a token cost there: what the round's tokens had cost stepping plain.
+        # plain row and a token cost there: what the round's tokens had cost stepping plain. A plain
+        # round in a shared decode uses neither (Plan.record learns nothing from its seconds).
         plain_row = per_token = 0.0
-        if not alone:
+        if not alone and draft:
             seconds, plain_row, per_token = self.cost.shares(pending.batch, pending.step, seconds)
         tokens, history, out = self.tokens, self.history, self.result.tokens
         sampler, grammar, trigger, text_of = self.sampler, self.grammar, self.trigger, self.text_of
