@@ -11,6 +11,11 @@ ChatML-rendered, stream i gets prompt i mod 4):
   one stream alone gets from a daemon configured for four);
 - ``llama-server-none`` / ``llama-server-ngram-mod``: llama.cpp's server at our binding's revision
   (bench/llama_server.py builds it), ``--spec-type none`` / ``ngram-mod``;
+- ``NAME-again`` for any of these: the same server as ``NAME`` once more, as a process of its own.
+  Its ratio to ``NAME`` is the run's control: two identical daemons up side by side differed
+  persistently by up to 13% on this machine (``padded-again`` / ``padded`` at N = 8: 0.92,
+  0.87-0.97 over five repetitions), more than the drift a paired ratio cancels, so a difference
+  between two configs is read against it;
 - with ``--padded``, the padded pair (bench/derive_models.py: SmolLM2 plus 120 layers that add
   zero, ~4-5x the decode cost, greedy-identical to SmolLM2) with SmolLM2 as its draft:
   ``padded`` (working-tree daemon, ``draft: none``), ``padded+draft`` (``draft:`` the SmolLM2
@@ -95,7 +100,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -139,6 +144,7 @@ RATIOS = (  # (numerator, denominator): a ratio column where both ran
     ("llama-server-padded-draft-simple", "llama-server-padded-none"),
     ("padded+draft", "llama-server-padded-draft-simple"),
 )
+AGAIN = "-again"  # a config name's suffix: the same server once more (`make_configs`)
 # ~2,000 and ~1,000 tokens (PASSAGE is 371 SmolLM2 tokens, CODE_TO_EDIT about 290).
 LONG_DOC = ("Read these notes carefully.\n\n" + "\n\n".join([PASSAGE] * 5)
             + "\n\nIn which year was the light electrified?")  # fmt: skip
@@ -187,8 +193,11 @@ def make_configs(names: Sequence[str], old_root: Path | None) -> list[Config]:
             "llama-server-padded-draft-simple", "llama-server", padded,
             extra=ls.model_variants(Path(smol))["n8-p0.5"], num_ctx=PADDED_CTX),
     }  # fmt: skip
+    # NAME-again: the same server as NAME, a process of its own (the run's process-to-process spread)
+    known.update({f"{n}{AGAIN}": (lambda n=n: replace(known[n](), name=f"{n}{AGAIN}"))
+                  for n in list(known)})  # fmt: skip
     if unknown := [n for n in names if n not in known]:
-        raise SystemExit(f"unknown configs {unknown}; known: {', '.join(known)}")
+        raise SystemExit(f"unknown configs {unknown}; known: {', '.join(known)} (and each with {AGAIN})")
     return [known[n]() for n in names]
 
 
@@ -737,6 +746,7 @@ def _f(x: float | None, spec: str = ".1f") -> str:
 
 def markdown(results: dict[str, dict[int, dict[str, Any]]], names: list[str], ns: list[int]) -> str:
     ratios = [(a, b) for a, b in RATIOS if a in names and b in names]
+    ratios += [(a, a.removesuffix(AGAIN)) for a in names if a.endswith(AGAIN) and a.removesuffix(AGAIN) in names]
     out = ["### Aggregate tok/s (all streams' tokens / wall time, median over repetitions)\n",
            "A ratio is the median over repetitions of that repetition's ratio, with their range: a repetition "
            "runs every server in turn, so the pair ran close together and drift on the machine cancels.\n",
@@ -839,7 +849,7 @@ def main(argv: list[str] | None = None) -> int:
         names += [c for c in PADDED_CONFIGS if c not in names]
     if any("padded" in n for n in names):
         ensure_padded()
-    old_root = old_worktree(args.old_rev) if "old" in names else None
+    old_root = old_worktree(args.old_rev) if {"old", f"old{AGAIN}"} & set(names) else None
     configs = make_configs(names, old_root)
     for root in {c.root for c in configs if c.kind == "daemon"}:
         _check_import_root(root)
