@@ -33,6 +33,7 @@ pairs:
     draft: ngram
     parameters: {{temperature: 0, num_ctx: 128}}
     runtime: {{num_gpu: 0}}
+    speculative: {{adaptive: false}}  # always draft: on a busy machine the planner may judge drafts too costly
 """)
     daemon = Daemon(cfg)
     yield daemon, tiny
