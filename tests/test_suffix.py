@@ -265,7 +265,12 @@ def test_an_unusable_file_is_ignored_with_a_warning(tmp_path: Path, caplog: pyte
 
 
 def test_threads_adding_and_looking_up() -> None:
-    cache = SuffixCache(5_000)
+    """Six threads add and look up at once. In a cache with room for everything (`roomy`) a thread
+    always finds the sequence it just added. In one that evicts (`tight`) another thread may evict
+    it before the lookup (how many sequences others add meanwhile is up to the scheduler), so
+    there a lookup only has to find a real continuation: every sequence holds ANSWER, so at least
+    its 50, 51, 52 match, and what follows is ANSWER's."""
+    roomy, tight = SuffixCache(20_000), SuffixCache(5_000)  # 6 x 150 sequences of 20 slots: 18,000
     errors: list[BaseException] = []
 
     def work(seed: int) -> None:
@@ -273,10 +278,13 @@ def test_threads_adding_and_looking_up() -> None:
         try:
             for i in range(150):
                 seq = [*rng.integers(0, 20, 5).tolist(), *ANSWER, seed, i]
-                cache.add(seq)
-                c = cache.lookup(seq[:8], 8)
+                roomy.add(seq)
+                c = roomy.lookup(seq[:8], 8)
                 assert c.match >= 8 and c.tokens[:4] == ANSWER[3:7]
-                assert cache.size <= 5_000
+                tight.add(seq)
+                c = tight.lookup(seq[:8], 8)
+                assert c.match >= 3 and c.tokens and c.tokens == ANSWER[3 : 3 + len(c.tokens)]
+                assert tight.size <= 5_000
         except BaseException as e:  # reported by the main thread
             errors.append(e)
 
@@ -286,7 +294,8 @@ def test_threads_adding_and_looking_up() -> None:
     for t in threads:
         t.join()
     assert not errors, errors[0]
-    assert cache.size <= 5_000 and cache.size == cache.sequences * (len(ANSWER) + 8)
+    assert roomy.sequences == 6 * 150 and roomy.size == roomy.sequences * (len(ANSWER) + 8)
+    assert tight.size <= 5_000 and tight.size == tight.sequences * (len(ANSWER) + 8)
 
 
 # -- the drafter ------------------------------------------------------------------------------------
