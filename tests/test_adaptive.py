@@ -516,9 +516,13 @@ def test_calibrate_draft_measures_step_and_catchup(tiny: Path) -> None:
     ctx = Context(w, ContextParams(n_ctx=256, n_threads=1))
     try:
         model = CostModel(2)
-        model.calibrate_draft(ctx)
-        # Prefilling is batched, so a token of catch-up costs less than a one-token step.
-        assert 0.0 < model.t_catchup < model.t_draft
+        # Without a budget it measures for real, whatever the machine's load.
+        assert model.calibrate_draft(ctx)
+        # Prefilling is batched, so on a quiet machine a token of catch-up costs less than a
+        # one-token step; not asserted: on the busy CI machine a 6 ms prefill was preempted in
+        # all three repetitions and the 60 us steps were not (catch-up 1.6 steps a token).
+        assert model.t_catchup > 0.0 and model.t_draft > 0.0
+        assert not model.provisional
         assert len(ctx) == 0
     finally:
         ctx.close()
