@@ -46,19 +46,7 @@ from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter  # noqa:
 from sidecar.engine.hybrid import HybridDrafter  # noqa: E402
 from sidecar.engine.llama import Context, ContextParams, Weights  # noqa: E402
 from sidecar.engine.sampling import SamplingParams  # noqa: E402
-
-
-class FixedPrices(CostModel):
-    """A cost model that learns acceptance but no times: its prices stay where they were set."""
-
-    def observe_step(self, n: int, seconds: float, same: bool = False) -> None:
-        pass
-
-    def observe_draft(self, n_tokens: int, seconds: float) -> None:
-        pass
-
-    def observe_catchup(self, n_tokens: int, seconds: float) -> None:
-        pass
+from tests.prices import Fixed  # noqa: E402
 
 
 @dataclass
@@ -96,7 +84,7 @@ class Run:
     sources: dict[str, tuple[int, int]]
 
 
-def prices(target: Path, draft: Context, rows: int) -> FixedPrices:
+def prices(target: Path, draft: Context, rows: int) -> Fixed:
     """The padded target's verify curve and the draft's times, measured once here (the curve in a
     minute, as the daemon measures a wide one at load: the sizes between those timed interpolated)."""
     w = Weights(target, n_gpu_layers=0)
@@ -108,7 +96,7 @@ def prices(target: Path, draft: Context, rows: int) -> FixedPrices:
     finally:
         ctx.close()
         w.close()
-    fixed = FixedPrices(rows)
+    fixed = Fixed(rows)
     fixed.t_step, fixed.t_draft, fixed.t_catchup = measured.t_step, measured.t_draft, measured.t_catchup
     return fixed
 
@@ -143,7 +131,7 @@ def main() -> None:
           + f"; draft step {base.t_draft / t1:.2f}, catch-up {base.t_catchup / t1:.3f} a token\n")
 
     def pair(sources: list[Drafter], n_max: int) -> Decoder:
-        cost = FixedPrices(n_max + 1)
+        cost = Fixed(n_max + 1)
         cost.t_step, cost.t_draft, cost.t_catchup = base.t_step[: n_max + 2], base.t_draft, base.t_catchup
         return Decoder(target, HybridDrafter(sources), SpeculativeConfig(n_max=n_max), cost)
 

@@ -26,24 +26,12 @@ from sidecar.engine.planner import Plan, Source
 from sidecar.engine.sampling import SamplingParams
 from sidecar.engine.suffix import SuffixCache, SuffixDrafter
 from tests.models import write_tiny_pair
+from tests.prices import Fixed
 from tests.stats import chi_square_same_distribution
 
 INF = math.inf
 GREEDY = SamplingParams(temperature=0.0)
 FLAT = [1.0 + 0.02 * i for i in range(13)]  # seconds per 1..13 rows: verifying is nearly free
-
-
-class Fixed(CostModel):
-    """A cost model whose numbers stay as set: real timings of a tiny model would move them."""
-
-    def observe_step(self, n: int, seconds: float, same: bool = False) -> None:
-        pass
-
-    def observe_draft(self, n_tokens: int, seconds: float) -> None:
-        pass
-
-    def observe_catchup(self, n_tokens: int, seconds: float) -> None:
-        pass
 
 
 def fixed(t_step: Sequence[float] = FLAT, t_draft: float = 0.3, t_same: Sequence[float] = ()) -> Fixed:

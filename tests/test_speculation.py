@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig
+from sidecar.engine.adaptive import SpeculativeConfig
 from sidecar.engine.decoder import Decoder, Request, Result
 from sidecar.engine.drafters import ModelDrafter
 from sidecar.engine.llama import Context, ContextParams, Weights
@@ -17,6 +17,7 @@ from sidecar.engine.sampling import SamplingParams
 from sidecar.pairing.rules import IncompatibleDraft, check_pair
 from tests.conftest import SMOLLM2_REF, Daemon, write_config
 from tests.models import write_tiny_llama
+from tests.prices import Fixed
 
 
 @pytest.fixture(scope="module")
@@ -50,22 +51,6 @@ def test_pairing_accepts_the_same_vocabulary(tiny_pair: tuple[Path, Path]) -> No
     b.close()
 
 
-class FixedPrices(CostModel):
-    """The cost model with its times held where the test puts them. The planner learns prices
-    from the rounds' wall time, and on a busy machine one slow plain step priced a 5-row verify
-    below a plain step, so drafting looked like a gain again and the result depended on timing
-    (a CI run drafted 180 tokens and ended with no fallback). Acceptance is still learnt."""
-
-    def observe_step(self, n: int, seconds: float, same: bool = False) -> None:
-        pass
-
-    def observe_draft(self, n_tokens: int, seconds: float) -> None:
-        pass
-
-    def observe_catchup(self, n_tokens: int, seconds: float) -> None:
-        pass
-
-
 def test_a_draft_that_never_agrees_falls_back(tiny_endless: Path, stranger: Path) -> None:
     # A target that never ends its output, so there are enough rounds to judge the draft.
     tw, dw = Weights(tiny_endless, n_gpu_layers=0), Weights(stranger, n_gpu_layers=0)
@@ -75,7 +60,7 @@ def test_a_draft_that_never_agrees_falls_back(tiny_endless: Path, stranger: Path
         # A flat curve, as on an ideal GPU (verifying 5 rows costs what 1 does, and a batch costs
         # the plain steps after it nothing), and a draft token at a tenth of a target step: drafting
         # pays a priori, and only the draft's acceptance can switch it off.
-        cost = FixedPrices(config.n_max + 1)
+        cost = Fixed(config.n_max + 1)  # the planner learns no times (tests/prices.py)
         cost.t_step = [0.0] + [0.01] * (config.n_max + 1)
         cost.t_draft = 0.001
         prompt = tw.tokenize("fallback please", add_special=True, parse_special=False)
