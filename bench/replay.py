@@ -68,7 +68,7 @@ def charged_record(self: planner.Plan, rnd: planner.Round, drafted: int, accepte
     cost = self.cost
     verify = cost.t_step[rows or drafted + 1]
     step = draft = 0.0
-    if drafted and self.sources[rnd.source].has_cost:
+    if (drafted or caught_up) and self.sources[rnd.source].has_cost:  # a probe may catch up and draft nothing
         step = drafted * cost.t_draft
         draft = step + caught_up * cost.t_catchup
     CLOCK.seconds += verify + draft
