@@ -40,7 +40,7 @@ from derive_models import smollm2_path  # noqa: E402
 from prompts import PROMPTS, chat  # noqa: E402
 
 from sidecar.engine import planner  # noqa: E402
-from sidecar.engine.adaptive import NGRAM_N_MAX, CostModel, SpeculativeConfig  # noqa: E402
+from sidecar.engine.adaptive import NGRAM_N_MAX, SpeculativeConfig  # noqa: E402
 from sidecar.engine.decoder import Decoder, Request, Result  # noqa: E402
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter  # noqa: E402
 from sidecar.engine.hybrid import HybridDrafter  # noqa: E402
@@ -90,14 +90,12 @@ def prices(target: Path, draft: Context, rows: int) -> Fixed:
     w = Weights(target, n_gpu_layers=0)
     ctx = Context(w, ContextParams(n_ctx=512, n_threads=2))
     try:
-        measured = CostModel(rows)
-        measured.calibrate(ctx, budget=60.0)
-        measured.calibrate_draft(draft)
+        fixed = Fixed(rows)
+        fixed.calibrate(ctx, budget=60.0)
+        fixed.calibrate_draft(draft)
     finally:
         ctx.close()
         w.close()
-    fixed = Fixed(rows)
-    fixed.t_step, fixed.t_draft, fixed.t_catchup = measured.t_step, measured.t_draft, measured.t_catchup
     return fixed
 
 
@@ -131,8 +129,9 @@ def main() -> None:
           + f"; draft step {base.t_draft / t1:.2f}, catch-up {base.t_catchup / t1:.3f} a token\n")
 
     def pair(sources: list[Drafter], n_max: int) -> Decoder:
-        cost = Fixed(n_max + 1)
-        cost.t_step, cost.t_draft, cost.t_catchup = base.t_step[: n_max + 2], base.t_draft, base.t_catchup
+        cost = Fixed(n_max + 1)  # every price the planner reads, cut to this pair's rows
+        cost.t_step, cost.t_same = base.t_step[: n_max + 2], base.t_same[: n_max + 2]
+        cost.t_switch, cost.t_draft, cost.t_catchup = base.t_switch, base.t_draft, base.t_catchup
         return Decoder(target, HybridDrafter(sources), SpeculativeConfig(n_max=n_max), cost)
 
     p_min = SpeculativeConfig().p_min
