@@ -61,10 +61,9 @@ class Source:
 
 @dataclass(frozen=True)
 class Round:
-    """One round's decision: draft `k` tokens from source `source` and decode `rows` rows (the
-    pending token and the draft, padded to keep a stretch's shape). k = 0 is a plain step. `support`
-    is the class the draft was priced by, its evidence key; `probe` marks a probe of a costly
-    source that does not pay."""
+    """One round's decision: draft `k` tokens from source `source` and decode `rows` rows (the pending token
+    and the draft, padded to keep a stretch's shape). k = 0 is a plain step. `support` is the class the draft
+    was priced by, its evidence key; `probe` marks a probe of a costly source that does not pay."""
 
     source: int = 0
     k: int = 0
@@ -97,13 +96,12 @@ class Tally:
         self.rounds += 1
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
-        counts = self.by_source[name]
+        counts, pos = self.by_source[name], self.accepted_per_pos
         counts[0] += drafted
         counts[1] += accepted
-        if len(self.accepted_per_pos) < drafted:
-            self.accepted_per_pos.extend([0] * (drafted - len(self.accepted_per_pos)))
+        pos.extend([0] * (drafted - len(pos)))  # nothing where it is long enough already
         for i in range(accepted):
-            self.accepted_per_pos[i] += 1
+            pos[i] += 1
 
 
 @dataclass
@@ -139,6 +137,7 @@ class Plan:
     _prev_rows: int = 0  # rows of the last decode; 0: the prompt's prefill
     _rent: float = 0.0  # seconds plain steps lost to a model held back by its catch-up (decide)
     _price: float = 0.0  # ... and the catch-up it was held back for, when the holding began
+    _tried: set[Key] = field(default_factory=set)  # the classes this request has drafted itself (_acceptance)
 
     @classmethod
     def start(cls, config: SpeculativeConfig, cost: CostModel, sources: Sequence[Source], num_predict: int) -> Plan:
@@ -186,10 +185,20 @@ class Plan:
         return self._acceptance(rnd.source, rnd.support)
 
     def _acceptance(self, i: int, s: Support) -> float:
+        """Per-position acceptance of a class: its evidence, earlier requests' and this one's, over its prior.
+
+        A free source's class this request has not drafted yet is priced at its prior at least: how
+        it fares depends on the request (code's short matches break, a summary's hold), and one
+        rejection elsewhere priced it below paying for good, with no evidence of this request's to
+        revive it (bench/replay.py --shape prior). It costs one draft per class and request."""
         c = self.config
-        succ, fail = self._evidence.get(self._key(i, s), (0.0, 0.0))
+        key = self._key(i, s)
+        succ, fail = self._evidence.get(key, (0.0, 0.0))
         prior = c.acceptance_prior if s.prior is None else s.prior
-        return (succ + prior * c.prior_weight) / (succ + fail + c.prior_weight)
+        a = (succ + prior * c.prior_weight) / (succ + fail + c.prior_weight)
+        if key in self._tried or self.sources[i].has_cost:
+            return a
+        return max(a, prior)
 
     def _expected(self, i: int, support: Support, k_max: int) -> list[float]:
         """Expected tokens of a round drafting k = 0..k_max tokens of this support class (Leviathan
@@ -483,6 +492,7 @@ class Plan:
                 k, d, a = parts[-1]
                 parts[-1] = (k, d + 1, a + (j < accepted))
         for key, d, a in parts:
+            self._tried.add(key)
             self.cost.observe_acceptance(key, d, a)
             ev = self._evidence.setdefault(key, [0.0, 0.0])
             ev[0] += a
