@@ -415,16 +415,19 @@ def test_a_model_that_must_catch_up_starts_only_for_what_free_sources_leave() ->
 def test_beside_a_free_source_a_catch_up_is_paid_once_plain_steps_cost_as_much() -> None:
     """Ski rental: before the request shows how much of it the free source covers, the model's
     catch-up (300 tokens at 0.01 s: 3 s) is paid only after plain steps the model would have sped
-    up have lost that much; a lone model, with nothing that could cover the text, starts at once."""
+    up have lost that much, the step that buys counted; a lone model, with nothing that could
+    cover the text, starts at once."""
     p = two_sources(Support(ready=False))
     p.sources[1].lag = lambda: 300
+    lost = [0.0]  # what the plain steps so far lost to the held-back model, step by step
     for produced in range(1000):
-        lost = p._rent  # what the plain steps so far lost to the held-back model
         rnd = p.decide(produced, INF, 100)
         if rnd.k:
             break
         p.record(rnd, 0, 0, 0.0, 1.0, produced)
-    assert rnd.source == 1 and lost >= 3.0 and produced > 1
+        lost.append(p._rent)
+    step = lost[-1] - lost[-2]  # one plain step's loss (the same every step here)
+    assert rnd.source == 1 and lost[-1] < 3.0 <= lost[-1] + step and produced > 1
     alone = Plan.start(SpeculativeConfig(n_max=12), fixed(), [
         Source("model", has_cost=True, support=lambda: Support(cls=0, prior=0.9), lag=lambda: 300)], -1)
     assert alone.decide(0, INF, 100).k > 0
@@ -434,19 +437,21 @@ def test_a_catch_ups_rental_is_priced_when_it_starts_though_the_lag_grows_while_
     """Every plain step the held-back model sits out adds a token to what it must catch up. Where a
     token's catch-up (0.6 s here) costs more than a plain step loses to the held-back model, a price
     that grew with the rent would never be reached: the rental's price is the catch-up when it
-    began (10 tokens, 6 s), and the model starts once the plain steps have lost that much."""
+    began (10 tokens, 6 s), and the model starts once the plain steps have lost that much, the
+    step that buys counted."""
     p = two_sources(Support(ready=False))
     p.cost.t_catchup = 0.6
     produced = [0]
     p.sources[1].lag = lambda: 10 + produced[0]
+    lost = [0.0]
     for produced[0] in range(200):
-        lost = p._rent
         rnd = p.decide(produced[0], INF, 100)
         if rnd.k:
             break
         p.record(rnd, 0, 0, 0.0, 1.0, produced[0])
+        lost.append(p._rent)
     assert rnd.k > 0 and rnd.source == 1
-    assert 6.0 <= lost < 6.0 + 1.0 and produced[0] < 30
+    assert lost[-1] < 6.0 <= 2 * lost[-1] - lost[-2] and produced[0] < 30
     assert p.fallback is None  # drafting again
 
 

@@ -334,7 +334,8 @@ class Plan:
                 # the model back adds a token to the lag, and a price that grew with the rent
                 # could outrun it (a gain under t_catchup a token never buys).
                 price = self._price or catchup
-                rented = self._rent >= price or len(self.sources) == 1
+                # This step's loss counts: a catch-up of a free round's few tokens is bought at once.
+                rented = self._rent + gain >= price or len(self.sources) == 1
                 if min(remaining, c.horizon) * share * gain < catchup or not rented:
                     held, ki = gain, 0
                     self._price = price
