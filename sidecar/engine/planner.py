@@ -2,7 +2,7 @@
 
 `Plan.decide` answers with a value, a `Round` (source, k, rows); `Plan.record` takes the round back
 with what came of it. What a request reports (drafted and accepted tokens, per source) is its
-`Tally`; when to probe a model draft that does not pay is its `Probing`.
+`Tally` (engine.tally); when to probe a model draft that does not pay is its `Probing`.
 
 Each round drafts the k with the most expected tokens per second (engine.adaptive) from the source
 that offers the most: a pair may draft from several (hybrid.HybridDrafter), each priced by its own
@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 from sidecar.engine.adaptive import ALONE, CostModel, SpeculativeConfig, Step, expected_tokens, round_seconds
 from sidecar.engine.drafters import Support
+from sidecar.engine.tally import Tally
 
 
 def draft_lengths(lo: int, hi: int) -> list[int]:
@@ -79,29 +80,6 @@ sequence weighs up to ~24 lengths per source and step, each priced against the w
 
 PLAIN = Round()
 PROBE_TOKENS = 8  # a probe's draft: enough for one round to be evidence (a model draft's default n_max)
-
-
-@dataclass
-class Tally:
-    """What a request's speculation did: the counters Result reports."""
-
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    rounds: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
-    by_source: dict[str, list[int]] = field(default_factory=dict)  # name -> [drafted, accepted]
-    free_tokens: int = 0  # tokens the free sources' rounds produced (drafts held, plus one)
-
-    def add(self, name: str, drafted: int, accepted: int) -> None:
-        self.rounds += 1
-        self.draft_tokens += drafted
-        self.accepted_tokens += accepted
-        counts, pos = self.by_source[name], self.accepted_per_pos
-        counts[0] += drafted
-        counts[1] += accepted
-        pos.extend([0] * (drafted - len(pos)))  # nothing where it is long enough already
-        for i in range(accepted):
-            pos[i] += 1
 
 
 @dataclass
