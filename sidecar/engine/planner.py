@@ -80,6 +80,7 @@ sequence weighs up to ~24 lengths per source and step, each priced against the w
 
 PLAIN = Round()
 PROBE_TOKENS = 8  # a probe's draft: enough for one round to be evidence (a model draft's default n_max)
+RETRY_TOKENS = 2  # a retry's draft (Plan._priced): a rejected one costs ~0.6 steps a token on a CPU
 
 
 @dataclass
@@ -163,20 +164,24 @@ class Plan:
         return self._acceptance(rnd.source, rnd.support)
 
     def _acceptance(self, i: int, s: Support) -> float:
-        """Per-position acceptance of a class: its evidence, earlier requests' and this one's, over its prior.
+        return self._priced(i, s)[0]
+
+    def _priced(self, i: int, s: Support) -> tuple[float, bool]:
+        """Per-position acceptance of a class: its evidence, earlier requests' and this one's, over
+        its prior; and whether a draft of it is a retry (priced above that evidence).
 
         A free source's class this request has not drafted yet is priced at its prior at least: how
         it fares depends on the request (code's short matches break, a summary's hold), and one
         rejection elsewhere priced it below paying for good, with no evidence of this request's to
-        revive it (bench/replay.py --shape prior). It costs one draft per class and request."""
+        revive it (bench/replay.py --shape prior). A retry drafts at most RETRY_TOKENS."""
         c = self.config
         key = self._key(i, s)
         succ, fail = self._evidence.get(key, (0.0, 0.0))
         prior = c.acceptance_prior if s.prior is None else s.prior
         a = (succ + prior * c.prior_weight) / (succ + fail + c.prior_weight)
-        if key in self._tried or self.sources[i].has_cost:
-            return a
-        return max(a, prior)
+        if a >= prior or key in self._tried or self.sources[i].has_cost:
+            return a, False
+        return prior, True
 
     def _expected(self, i: int, support: Support, k_max: int) -> list[float]:
         """Expected tokens of a round drafting k = 0..k_max tokens of this support class (Leviathan
@@ -229,7 +234,7 @@ class Plan:
         switch = cost.t_switch if self._warm else 0.0  # a batch now costs the warm plain steps
         stretch = self._prev_rows if same and self._since_batch == 0 and self._prev_rows > 1 else 0
         best = (0, 1, 0.0, 0.0)
-        k_max = min(k_cap, len(t) - 2)
+        k_max = min(k_cap, len(t) - 2, RETRY_TOKENS if self._priced(i, support)[1] else k_cap)
         expected = self._expected(i, support, max(0, k_max))
         prev_k, prev_e = 0, expected[0]
         for k in draft_lengths(max(1, self.config.n_min), k_max):
