@@ -21,11 +21,13 @@ request, median (min-max), the hybrid over the better source per repetition, and
 Nothing here is a measured speed: it prices the decisions, and bench_workloads.py times them.
 
     .venv/bin/python bench/replay.py [--reps 3] [--tokens 192] [--prompts code,edit,summarise,story]
+                                     [--shape measured|prior] [--prices prices.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from dataclasses import dataclass
@@ -40,7 +42,7 @@ from derive_models import smollm2_path  # noqa: E402
 from prompts import PROMPTS, chat  # noqa: E402
 
 from sidecar.engine import planner  # noqa: E402
-from sidecar.engine.adaptive import NGRAM_N_MAX, SpeculativeConfig  # noqa: E402
+from sidecar.engine.adaptive import NGRAM_N_MAX, SpeculativeConfig, prior_curve  # noqa: E402
 from sidecar.engine.decoder import Decoder, Request, Result  # noqa: E402
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter  # noqa: E402
 from sidecar.engine.hybrid import HybridDrafter  # noqa: E402
@@ -76,6 +78,9 @@ def charged_record(self: planner.Plan, rnd: planner.Round, drafted: int, accepte
             caught_up, rows, observe, plain_seconds)
 
 
+PRICES = ("t_step", "t_same", "t_switch", "t_draft", "t_catchup")  # every price the planner reads (pair, below)
+
+
 @dataclass
 class Run:
     tokens: list[int]
@@ -84,9 +89,14 @@ class Run:
     sources: dict[str, tuple[int, int]]
 
 
-def prices(target: Path, draft: Context, rows: int) -> Fixed:
+def prices(target: Path, draft: Context, rows: int, shape: str) -> Fixed:
     """The padded target's verify curve and the draft's times, measured once here (the curve in a
-    minute, as the daemon measures a wide one at load: the sizes between those timed interpolated)."""
+    minute, as the daemon measures a wide one at load: the sizes between those timed interpolated).
+
+    `shape` prior: the rows are priced on the CPU's prior curve instead (adaptive.prior_curve,
+    SmolLM2's shape on 2 cores, 0.6 n + 0.4 steps) at the measured step. There a short draft pays
+    (2 rows cost 1.6 steps; the padded target measures about 2), so the free source's
+    short-match classes come into play; and the curve is the same in every run."""
     w = Weights(target, n_gpu_layers=0)
     ctx = Context(w, ContextParams(n_ctx=512, n_threads=2))
     try:
@@ -96,6 +106,8 @@ def prices(target: Path, draft: Context, rows: int) -> Fixed:
     finally:
         ctx.close()
         w.close()
+    if shape == "prior":
+        fixed.t_step = [0.0, *(prior_curve(n) * fixed.t_step[1] for n in range(1, len(fixed.t_step)))]
     return fixed
 
 
@@ -115,6 +127,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=192)
     ap.add_argument("--prompts", default=",".join(PROMPTS))
     ap.add_argument("--models", type=Path, default=OUT)
+    ap.add_argument("--shape", choices=("measured", "prior"), default="measured",
+                    help="the target's rows priced on its measured curve or the CPU prior's shape")
+    ap.add_argument("--prices", type=Path, help="JSON: written once measured, read if it exists, so that two "
+                    "checkouts (this script copied into the older) are compared on the same prices")
     args = ap.parse_args()
     ensure_models(args.models)
     planner.Plan.record = charged_record  # type: ignore[method-assign]
@@ -122,7 +138,14 @@ def main() -> None:
     params = ContextParams(n_ctx=2048, n_threads=2)
     target = Context(w, params)
     drafts = [Context(w, params) for _ in range(2)]  # each pair's own, kept across its requests
-    base = prices(args.models / "smollm2-x120-eps0.gguf", drafts[0], NGRAM_N_MAX + 1)
+    if args.prices and args.prices.exists():
+        base = Fixed(NGRAM_N_MAX + 1)
+        for name, value in json.loads(args.prices.read_text()).items():
+            setattr(base, name, value)
+    else:
+        base = prices(args.models / "smollm2-x120-eps0.gguf", drafts[0], NGRAM_N_MAX + 1, args.shape)
+        if args.prices:
+            args.prices.write_text(json.dumps({name: getattr(base, name) for name in PRICES}))
     t1 = base.t_step[1]
     print(f"prices: target step {t1 * 1e3:.1f} ms, verify curve (x step) "
           + ", ".join(f"{n}: {base.t_step[n] / t1:.2f}" for n in (2, 4, 8, 16, 32, 65))
