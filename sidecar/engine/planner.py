@@ -62,9 +62,10 @@ class Source:
 
 @dataclass(frozen=True)
 class Round:
-    """One round's decision: draft `k` tokens from source `source` and decode `rows` rows (the pending token
-    and the draft, padded to keep a stretch's shape). k = 0 is a plain step. `support` is the class the draft
-    was priced by, its evidence key; `probe` marks a probe of a costly source that does not pay."""
+    """One round's decision: draft `k` tokens from source `source` and decode `rows` rows (the
+    pending token and the draft, padded to keep a stretch's shape). k = 0 is a plain step. `support`
+    is the class the draft was priced by, its evidence key; `probe` marks a probe of a costly
+    source that does not pay."""
 
     source: int = 0
     k: int = 0

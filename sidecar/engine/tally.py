@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Tally:
-    """What a request's speculation did: the counters Result reports."""
+    """Drafted and accepted tokens, rounds, per position and per source; free_tokens feeds the
+    planner's catch-up rental (Plan.decide)."""
 
     draft_tokens: int = 0
     accepted_tokens: int = 0
