@@ -522,11 +522,34 @@ def test_class_evidence_carries_over_to_the_next_request() -> None:
     assert set(first.cost.evidence) == {Key("draft", 2), Key("draft", 5)}
     second = classed(Plan.start(first.config, first.cost, [Source()], -1), key=2, prior=0.9)
     rnd = second.decide(0, INF, 100)
-    assert 0 < rnd.k <= RETRY_TOKENS and second.acceptance(rnd) == pytest.approx(0.9)  # a short retry
+    assert rnd.retry and 0 < rnd.k <= RETRY_TOKENS and second.acceptance(rnd) == pytest.approx(0.9)
     second.record(rnd, drafted=rnd.k, accepted=0, draft_seconds=0.0, verify_seconds=CPU[rnd.k], produced=0)
     assert second.decide(1, INF, 100).k == 0
-    assert second.acceptance(rnd) < 0.1
+    assert second.acceptance(Round(support=rnd.support)) < 0.1  # priced on the evidence again
     assert classed(second, key=5, prior=0.5).decide(1, INF, 100).k > 0
+
+
+def test_only_a_retry_is_priced_above_the_evidence() -> None:
+    """A draft whose first class the evidence prices well is priced on the evidence all along it: a
+    class further along that earlier requests found poor keeps the draft short, though this request
+    has not drafted it. Only a retry (a first class untried here and priced below its prior, where
+    no draft pays on the evidence) takes the priors, and for at most RETRY_TOKENS tokens."""
+    c = cost(CPU)
+    c.evidence[Key("draft", 4)] = [100.0, 0.0]
+    c.evidence[Key("draft", 5)] = [0.0, 10.0]
+    p = Plan.start(SpeculativeConfig(), c, [Source()], -1)
+    p.sources[0].support = lambda: Support(cls=4, prior=0.9, along=lambda j: Support(cls=4 if j < 3 else 5, prior=0.9))
+    assert p.decide(0, INF, 100).k == 3
+    p.sources[0].support = lambda: Support(cls=5, prior=0.9, along=lambda j: Support(cls=5, prior=0.9))
+    rnd = p.decide(0, INF, 100)
+    assert rnd.retry and rnd.k == RETRY_TOKENS
+    # A first class a little below its prior whose draft pays on the evidence is no retry: it drafts
+    # in full, as it would have without retries.
+    c.evidence[Key("draft", 3)] = [3.0, 1.0]
+    p = Plan.start(SpeculativeConfig(), c, [Source()], -1)
+    p.sources[0].support = lambda: Support(cls=3, prior=0.8, along=lambda j: Support(cls=3 if j < 1 else 4, prior=0.8))
+    rnd = p.decide(0, INF, 100)
+    assert not rnd.retry and rnd.k > RETRY_TOKENS
 
 
 def test_calibrate_draft_measures_step_and_catchup(tiny: Path) -> None:

@@ -65,13 +65,14 @@ class Round:
     """One round's decision: draft `k` tokens from source `source` and decode `rows` rows (the
     pending token and the draft, padded to keep a stretch's shape). k = 0 is a plain step. `support`
     is the class the draft was priced by, its evidence key; `probe` marks a probe of a costly
-    source that does not pay."""
+    source that does not pay, `retry` a draft priced as a retry (Plan._retry)."""
 
     source: int = 0
     k: int = 0
     rows: int = 1
     support: Support = field(default_factory=Support)
     probe: bool = False
+    retry: bool = False
 
 
 MIN_HOLD = 1e-3
@@ -81,7 +82,7 @@ sequence weighs up to ~24 lengths per source and step, each priced against the w
 
 PLAIN = Round()
 PROBE_TOKENS = 8  # a probe's draft: enough for one round to be evidence (a model draft's default n_max)
-RETRY_TOKENS = 2  # a retry's draft (Plan._priced): a rejected one costs ~0.6 steps a token on a CPU
+RETRY_TOKENS = 2  # a retry's draft (Plan._retry): a rejected one costs ~0.6 steps a token on a CPU
 
 
 @dataclass
@@ -117,7 +118,7 @@ class Plan:
     _prev_rows: int = 0  # rows of the last decode; 0: the prompt's prefill
     _rent: float = 0.0  # seconds plain steps lost to a model held back by its catch-up (decide)
     _price: float = 0.0  # ... and the catch-up it was held back for, when the holding began
-    _tried: set[Key] = field(default_factory=set)  # the classes this request has drafted itself (_acceptance)
+    _tried: set[Key] = field(default_factory=set)  # the classes this request has drafted itself (_retry)
 
     @classmethod
     def start(cls, config: SpeculativeConfig, cost: CostModel, sources: Sequence[Source], num_predict: int) -> Plan:
@@ -158,41 +159,44 @@ class Plan:
 
     def expected(self, rnd: Round) -> float:
         """Tokens a round is expected to emit (1 for a plain step)."""
-        return self._expected(rnd.source, rnd.support, rnd.k)[rnd.k] if rnd.k else 1.0
+        return self._expected(rnd.source, rnd.support, rnd.k, rnd.retry)[rnd.k] if rnd.k else 1.0
 
     def acceptance(self, rnd: Round) -> float:
         """Per-position acceptance expected of a round's draft (its support class)."""
-        return self._acceptance(rnd.source, rnd.support)
+        return self._acceptance(rnd.source, rnd.support, rnd.retry)
 
-    def _acceptance(self, i: int, s: Support) -> float:
-        return self._priced(i, s)[0]
-
-    def _priced(self, i: int, s: Support) -> tuple[float, bool]:
-        """Per-position acceptance of a class: its evidence, earlier requests' and this one's, over
-        its prior; and whether a draft of it is a retry (priced above that evidence).
-
-        A free source's class this request has not drafted yet is priced at its prior at least: how
-        it fares depends on the request (code's short matches break, a summary's hold), and one
-        rejection elsewhere priced it below paying for good, with no evidence of this request's to
-        revive it (bench/replay.py --shape prior). A retry drafts at most RETRY_TOKENS."""
+    def _acceptance(self, i: int, s: Support, retry: bool = False) -> float:
+        """Per-position acceptance of a class: its evidence, earlier requests' and this one's, over its
+        prior; in a retry (_retry), the prior at least."""
         c = self.config
-        key = self._key(i, s)
-        succ, fail = self._evidence.get(key, (0.0, 0.0))
+        succ, fail = self._evidence.get(self._key(i, s), (0.0, 0.0))
         prior = c.acceptance_prior if s.prior is None else s.prior
         a = (succ + prior * c.prior_weight) / (succ + fail + c.prior_weight)
-        if a >= prior or key in self._tried or self.sources[i].has_cost:
-            return a, False
-        return prior, True
+        return max(a, prior) if retry else a
 
-    def _expected(self, i: int, support: Support, k_max: int) -> list[float]:
+    def _retry(self, i: int, s: Support) -> bool:
+        """Whether a draft of this class may be retried: a free source's class that this request has
+        not drafted yet, which the evidence prices below its prior.
+
+        How such a class fares depends on the request (code's short matches break, a summary's hold),
+        and under the weak prior one rejection in an earlier request priced it below paying for good,
+        with no evidence of this request's to revive it (bench/replay.py --shape prior). So where no
+        draft pays on the evidence, a retry is priced at the prior of each class along it and
+        drafts at most RETRY_TOKENS (decide); every other draft is priced on the evidence alone."""
+        c = self.config
+        prior = c.acceptance_prior if s.prior is None else s.prior
+        return (not self.sources[i].has_cost and self._key(i, s) not in self._tried
+                and self._acceptance(i, s) < prior)
+
+    def _expected(self, i: int, support: Support, k_max: int, retry: bool = False) -> list[float]:
         """Expected tokens of a round drafting k = 0..k_max tokens of this support class (Leviathan
         et al.), each drafted token at the acceptance of its own class (Support.along)."""
         if support.along is None:
-            a = self._acceptance(i, support)
+            a = self._acceptance(i, support, retry)
             return [expected_tokens(a, k) for k in range(k_max + 1)]
         out, holds = [1.0], 1.0
         for j in range(k_max):
-            holds *= self._acceptance(i, support.along(j))
+            holds *= self._acceptance(i, support.along(j), retry)
             out.append(out[-1] + holds)
         return out
 
@@ -204,7 +208,7 @@ class Plan:
             return same[n]
         return self.cost.added(n, step)
 
-    def _best(self, i: int, support: Support, k_cap: int, pad_cap: int, step: Step = ALONE
+    def _best(self, i: int, support: Support, k_cap: int, pad_cap: int, step: Step = ALONE, retry: bool = False
               ) -> tuple[int, int, float, float]:
         """Source i's best draft length and batch rows, the round's expected tokens per second and
         the rate it is ranked by; k = 0 when no draft beats plain decoding.
@@ -235,8 +239,8 @@ class Plan:
         switch = cost.t_switch if self._warm else 0.0  # a batch now costs the warm plain steps
         stretch = self._prev_rows if same and self._since_batch == 0 and self._prev_rows > 1 else 0
         best = (0, 1, 0.0, 0.0)
-        k_max = min(k_cap, len(t) - 2, RETRY_TOKENS if self._priced(i, support)[1] else k_cap)
-        expected = self._expected(i, support, max(0, k_max))
+        k_max = min(k_cap, len(t) - 2)
+        expected = self._expected(i, support, max(0, k_max), retry)
         prev_k, prev_e = 0, expected[0]
         for k in draft_lengths(max(1, self.config.n_min), k_max):
             if t[k + 1] <= 0:
@@ -299,7 +303,11 @@ class Plan:
         held = 0.0  # what a model round would have saved over this plain step, had it not been held back
         for i in ready:  # the first of equals: the configured order
             support = supports[i]
-            ki, rows, rate, rank = self._best(i, support, k_cap, min(room, len(self.cost.t_step) - 2), step)
+            pad_cap = min(room, len(self.cost.t_step) - 2)
+            ki, rows, rate, rank = self._best(i, support, k_cap, pad_cap, step)
+            retry = not ki and self._retry(i, support)
+            if retry:
+                ki, rows, rate, rank = self._best(i, support, min(k_cap, RETRY_TOKENS), pad_cap, step, retry)
             # A model draft must first prefill what it missed; starting pays only if the time the
             # gain saves over the tokens still to come (at most `horizon`) covers that. It gains
             # only where the free sources would not have drafted: the share of this request's
@@ -331,7 +339,7 @@ class Plan:
                 seconds = round_seconds(ki, self.cost.t_draft, self._rows_cost(rows, step))
                 rank *= seconds / (seconds + self.sources[i].lag() * self.cost.t_catchup)
             if ki and rank > best_rank:
-                best, best_rank = Round(i, ki, rows, support), rank
+                best, best_rank = Round(i, ki, rows, support, retry=retry), rank
         if best.k:
             self._last = self._key(best.source, best.support)
             if self.sources[best.source].has_cost:
