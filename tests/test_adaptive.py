@@ -723,7 +723,6 @@ def test_the_search_stops_where_rows_add_no_tokens_without_missing_the_best(a: f
     p = plan(curve, n_max=8)
     key = Key("draft", 0)
     p._evidence[key] = [a * 1e6, (1 - a) * 1e6]  # acceptance a, beyond any prior
-    p._tried.add(key)  # as this request's own: an untried free class is priced at its prior at least
     got = p._best(0, Support(), 8, 0)
     t = p.cost.t_step
     need = p.config.min_gain / t[1]
