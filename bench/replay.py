@@ -78,7 +78,7 @@ def charged_record(self: planner.Plan, rnd: planner.Round, drafted: int, accepte
             caught_up, rows, observe, plain_seconds)
 
 
-PRICES = ("t_step", "t_same", "t_switch", "t_draft", "t_catchup")  # every price the planner reads (pair, below)
+PRICES = ("t_step", "t_same", "t_switch", "t_draft", "t_catchup")  # every price the planner reads
 
 
 @dataclass
@@ -152,9 +152,10 @@ def main() -> None:
           + f"; draft step {base.t_draft / t1:.2f}, catch-up {base.t_catchup / t1:.3f} a token\n")
 
     def pair(sources: list[Drafter], n_max: int) -> Decoder:
-        cost = Fixed(n_max + 1)  # every price the planner reads, cut to this pair's rows
-        cost.t_step, cost.t_same = base.t_step[: n_max + 2], base.t_same[: n_max + 2]
-        cost.t_switch, cost.t_draft, cost.t_catchup = base.t_switch, base.t_draft, base.t_catchup
+        cost = Fixed(n_max + 1)
+        for name in PRICES:  # the curves cut to this pair's rows
+            value = getattr(base, name)
+            setattr(cost, name, value[: n_max + 2] if isinstance(value, list) else value)
         return Decoder(target, HybridDrafter(sources), SpeculativeConfig(n_max=n_max), cost)
 
     p_min = SpeculativeConfig().p_min
