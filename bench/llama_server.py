@@ -23,6 +23,7 @@ import argparse
 import importlib.util
 import json
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -57,6 +58,8 @@ CMAKE_FLAGS = (
     "-DGGML_LLAMAFILE=OFF",  # our llama-cpp-python CPU build has it off too
     "-DLLAMA_CURL=OFF",
 )
+if platform.machine().lower() in ("x86_64", "amd64"):  # no AMX either, as scripts/backend.sh builds
+    CMAKE_FLAGS += ("-DCMAKE_C_FLAGS=-mno-amx-int8", "-DCMAKE_CXX_FLAGS=-mno-amx-int8")
 # Same settings for every server: CPU only, llama-cpp-python's batch sizes, FA off, one slot, no RAM
 # prompt cache; threads (-t/-tb, and the draft's, which default to them) come from --threads.
 COMMON_ARGS = ("-c", "4096", "-b", "512", "-ub", "512", "-fa", "off", "-np", "1",

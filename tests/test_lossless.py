@@ -3,7 +3,7 @@
 Greedy: token-for-token identical to target-only decoding, for tiny generated pairs and for the
 real SmolLM2 with the n-gram drafter and with a model drafter. Sampling: the first tokens have the
 same distribution. The equality is exact (no similarity threshold); it holds because the CPU build
-has llamafile's sgemm off and flash attention off (see README, "Losslessness"). The models stay on
+has llamafile's sgemm and AMX off and flash attention off (see README, "Losslessness"). The models stay on
 the CPU even in a GPU build: CUDA's kernels give a token different logits alone and inside a batch
 (bench/batch_invariance.py), so there the outputs can part at a near-tie.
 """
@@ -21,7 +21,7 @@ import pytest
 from sidecar.engine.adaptive import CostModel, SpeculativeConfig
 from sidecar.engine.decoder import Decoder, Request, Result
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
-from sidecar.engine.llama import Context, ContextParams, Weights
+from sidecar.engine.llama import Context, ContextParams, Weights, build_warnings
 from sidecar.engine.sampling import SamplingParams
 from tests.stats import chi_square_same_distribution
 
@@ -99,6 +99,20 @@ def smol_plain(smol: tuple[Weights, Context]) -> dict[str, Result]:
     """Target-only greedy outputs, computed once for both drafters."""
     w, ctx = smol
     return {text: run(ctx, None, chat_prompt(w, text), 128) for text in TOPICS}
+
+
+def test_build_warnings_name_the_batch_only_kernels() -> None:
+    info = "CPU : SSE3 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | LLAMAFILE = 0 | OPENMP = 1 | REPACK = 1 |"
+    [amx] = build_warnings(info)
+    assert "AMX-INT8 (AMX_INT8 = 1)" in amx and "make rebuild-llama" in amx
+    assert len(build_warnings("CUDA : ARCHS = 900 | CPU : LLAMAFILE = 1 | AMX_INT8 = 1 |")) == 2
+    assert build_warnings("CPU : SSE3 = 1 | AVX2 = 1 | OPENMP = 1 |") == []
+
+
+def test_the_suite_runs_on_a_build_without_batch_only_kernels() -> None:
+    """What the equality tests below need of the build (the Makefile's CMAKE_ARGS, scripts/backend.sh):
+    on a CPU with AMX, a native build without -mno-amx-int8 scores batches with AMX."""
+    assert build_warnings() == []
 
 
 def test_smollm2_ngram_greedy_identical(smol: tuple[Weights, Context], smol_plain: dict[str, Result]) -> None:

@@ -74,6 +74,22 @@ def system_info() -> str:
     return C.llama_print_system_info().decode("utf-8", "replace").strip()
 
 
+# CPU matmuls that llama.cpp runs only for batches, so that a token scored alone and the same token
+# inside a verification batch get different logits (README, "Losslessness"). The Makefile's builds
+# leave both out; a llama-cpp-python installed some other way may have them.
+BATCH_ONLY_KERNELS = {"LLAMAFILE": "llamafile's sgemm", "AMX_INT8": "AMX-INT8"}
+
+
+def build_warnings(info: str | None = None) -> list[str]:
+    """What in this build (system_info's "NAME = 1" flags) breaks exact greedy equality on the CPU."""
+    info = system_info() if info is None else info
+    on = {k.strip() for part in info.split("|") for k, _, v in [part.rpartition(" : ")[2].partition("=")]
+          if v.strip() == "1"}
+    return [f"this llama.cpp build has {what} ({flag} = 1): on the CPU, speculative greedy output can part "
+            "from target-only output (rebuild with `make rebuild-llama`; README, Losslessness)"
+            for flag, what in BATCH_ONLY_KERNELS.items() if flag in on]
+
+
 @functools.cache
 def backend_id() -> str:
     """A short hash of system_info(): the build and the backends (CPU features, GPUs) it runs on, which
