@@ -222,7 +222,7 @@ class ContextParams:
     flash_attn: bool = False  # see README "Losslessness": FA breaks batch invariance on CPU
     type_k: int | None = None  # ggml type ids, None = f16
     type_v: int | None = None
-    n_seq: int = 1  # sequences sharing one unified KV pool of n_seq * n_ctx cells (engine.step batches them)
+    n_seq: int = 1  # sequences, each on a KV stream of n_ctx cells of its own (engine.step batches them)
 
 
 @dataclass
@@ -244,9 +244,10 @@ class Context:
     method names its sequence and defaults to 0, so a one-sequence context reads as before. Logits
     are copied out of llama.cpp right away because the next decode reuses its buffer.
 
-    With more than one sequence the pool is unified (`kv_unified`): one set of cells that every
-    sequence's positions take from, so a batch of rows from many sequences is one llama_decode
-    (a split pool would cut it into equal-length ubatches, one pass over the weights each).
+    Each sequence has a KV stream of its own (`kv_unified` off), laid out as when it runs alone, so
+    its logits do not depend on what the others hold (README, "Why one stream per sequence"). A
+    batch of rows from many sequences is one llama_decode; llama.cpp splits it into passes of equal
+    rows per stream (engine.layout prices that).
 
     `fresh(s)` counts the leading positions whose keys/values are what a prefill of
     `held(s)[:fresh]` would compute. A shift keeps the later tokens' entries, which were computed
