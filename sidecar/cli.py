@@ -249,13 +249,14 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _print_backend(entries: Iterable[PairEntry]) -> None:
     """The backend this build runs on, and where each target's layers will sit."""
-    from sidecar.engine.llama import build_warnings, gpu_offload_supported, system_info
+    from sidecar.engine.kernels import build_warnings
+    from sidecar.engine.llama import gpu_offload_supported, system_info
 
     gpu = gpu_offload_supported()
     # system_info() reads "CUDA : ARCHS = 900 | ... | CPU : SSE3 = 1 | ...": a backend opens each group.
     names = [part.split(" : ")[0].strip() for part in system_info().split("|") if " : " in part]
     print(f"llama.cpp backend: {' + '.join(names) or 'CPU'} ({'GPU offload' if gpu else 'CPU only'})")
-    for warning in build_warnings():
+    for warning in build_warnings(system_info()):
         print(f"  warning: {warning}")
     for e in entries:
         n = int(e.metadata.get(f"{e.metadata.get('general.architecture', '')}.block_count", 0) or 0) + 1

@@ -21,7 +21,8 @@ import pytest
 from sidecar.engine.adaptive import CostModel, SpeculativeConfig
 from sidecar.engine.decoder import Decoder, Request, Result
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
-from sidecar.engine.llama import Context, ContextParams, Weights, build_warnings
+from sidecar.engine.kernels import build_warnings, repack_is_exact
+from sidecar.engine.llama import Context, ContextParams, Weights, system_info
 from sidecar.engine.sampling import SamplingParams
 from tests.stats import chi_square_same_distribution
 
@@ -109,10 +110,43 @@ def test_build_warnings_name_the_batch_only_kernels() -> None:
     assert build_warnings("CPU : SSE3 = 1 | AVX2 = 1 | OPENMP = 1 |") == []
 
 
+def test_repack_is_kept_off_k_quants_and_iq_types_only() -> None:
+    assert repack_is_exact("Q4_0") and repack_is_exact("Q4_1") and repack_is_exact("Q8_0") and repack_is_exact(None)
+    assert not any(repack_is_exact(t) for t in ("Q4_K_M", "Q6_K", "Q2_K_S", "IQ4_XS", "IQ4_NL"))
+
+
+def test_a_k_quant_scores_a_token_alone_as_inside_a_batch(smollm2: Path, tmp_path: Path) -> None:
+    """SmolLM2 requantized to Q4_K_M (Ollama's usual type) on the CPU: ggml's repacked Q4_K kernel
+    (from 4 rows) and its tiled K-quant kernel (from 8) scored a batch differently, by up to 1.01 with
+    another argmax, until engine.kernels kept them off. Nine tokens one at a time, then in one batch."""
+    import ctypes
+
+    import llama_cpp
+
+    out = tmp_path / "smollm2-q4_k_m.gguf"
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype, p.allow_requantize, p.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, True, 2
+    assert llama_cpp.llama_model_quantize(str(smollm2).encode(), str(out).encode(), ctypes.byref(p)) == 0
+    w = Weights(out, n_gpu_layers=0, file_type="Q4_K_M")
+    ctx = Context(w, ContextParams(n_ctx=256, n_batch=64))
+    try:
+        prefix = w.tokenize("The history of the bicycle", add_special=False, parse_special=False)
+        batch = list(range(300, 309))
+        for kv in (prefix, prefix * 8):
+            ctx.clear()
+            ctx.prefill(kv)
+            alone = np.stack([ctx.decode([t])[0] for t in batch])
+            ctx.truncate(len(kv))
+            assert np.array_equal(alone, ctx.decode(batch))
+    finally:
+        ctx.close()
+        w.close()
+
+
 def test_the_suite_runs_on_a_build_without_batch_only_kernels() -> None:
     """What the equality tests below need of the build (the Makefile's CMAKE_ARGS, scripts/backend.sh):
     on a CPU with AMX, a native build without -mno-amx-int8 scores batches with AMX."""
-    assert build_warnings() == []
+    assert build_warnings(system_info()) == []
 
 
 def test_smollm2_ngram_greedy_identical(smol: tuple[Weights, Context], smol_plain: dict[str, Result]) -> None:

@@ -22,6 +22,8 @@ from pathlib import Path
 import llama_cpp as C
 import numpy as np
 
+from sidecar.engine.kernels import repack_is_exact
+
 _backend_lock = threading.Lock()
 _backend_ready = False
 _log_callback: object = None  # keeps the ctypes callback alive
@@ -74,22 +76,6 @@ def system_info() -> str:
     return C.llama_print_system_info().decode("utf-8", "replace").strip()
 
 
-# CPU matmuls that llama.cpp runs only for batches, so that a token scored alone and the same token
-# inside a verification batch get different logits (README, "Losslessness"). The Makefile's builds
-# leave both out; a llama-cpp-python installed some other way may have them.
-BATCH_ONLY_KERNELS = {"LLAMAFILE": "llamafile's sgemm", "AMX_INT8": "AMX-INT8"}
-
-
-def build_warnings(info: str | None = None) -> list[str]:
-    """What in this build (system_info's "NAME = 1" flags) breaks exact greedy equality on the CPU."""
-    info = system_info() if info is None else info
-    on = {k.strip() for part in info.split("|") for k, _, v in [part.rpartition(" : ")[2].partition("=")]
-          if v.strip() == "1"}
-    return [f"this llama.cpp build has {what} ({flag} = 1): on the CPU, speculative greedy output can part "
-            "from target-only output (rebuild with `make rebuild-llama`; README, Losslessness)"
-            for flag, what in BATCH_ONLY_KERNELS.items() if flag in on]
-
-
 @functools.cache
 def backend_id() -> str:
     """A short hash of system_info(): the build and the backends (CPU features, GPUs) it runs on, which
@@ -110,13 +96,16 @@ class VocabInfo:
 
 
 class Weights:
-    """One GGUF loaded once (mmap) and shared by every Context and pair that uses it."""
+    """One GGUF loaded once (mmap) and shared by every Context and pair that uses it. On the CPU a
+    `file_type` (general.file_type's name) whose repacked kernels are not exact loads without them."""
 
-    def __init__(self, path: str | Path, *, n_gpu_layers: int = -1, use_mmap: bool = True) -> None:
+    def __init__(self, path: str | Path, *, n_gpu_layers: int = -1, use_mmap: bool = True,
+                 file_type: str | None = None) -> None:
         _init_backend()
         self.path = Path(path)
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
+        params.use_extra_bufts = repack_is_exact(file_type) or (n_gpu_layers != 0 and gpu_offload_supported())
         if not use_mmap:
             params.load_mode = C.LLAMA_LOAD_MODE_NONE
         model = C.llama_model_load_from_file(str(self.path).encode(), params)

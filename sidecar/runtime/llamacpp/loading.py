@@ -22,7 +22,8 @@ from sidecar.config.schema import ModelDraft
 from sidecar.engine.adaptive import CostModel, SpeculativeConfig
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from sidecar.engine.hybrid import HybridDrafter
-from sidecar.engine.llama import Context, ContextParams, Weights, build_warnings, default_threads, system_info
+from sidecar.engine.kernels import build_warnings
+from sidecar.engine.llama import Context, ContextParams, Weights, default_threads, system_info
 from sidecar.engine.seqview import SeqView
 from sidecar.engine.step import StepLoop
 from sidecar.engine.suffix import SuffixDrafter
@@ -104,7 +105,7 @@ def vocabulary(weights: Weights) -> Vocabulary:
 @functools.cache
 def _log_backend() -> None:
     log.info("llama.cpp backend: %s", system_info())
-    for warning in build_warnings():
+    for warning in build_warnings(system_info()):
         log.warning(warning)
 
 

@@ -1,0 +1,36 @@
+"""Which of llama.cpp's CPU kernels score a token inside a batch exactly as they score it alone.
+
+Greedy speculative output equals the target alone only if a token's logits do not depend on how
+many rows share its llama_decode (README, "Losslessness"). Several CPU matmuls in ggml take other
+code for a batch than for one row, and sum in another order:
+- llamafile's sgemm and AMX-INT8: left out of the build (scripts/backend.sh); `build_warnings`
+  names them where a build has them;
+- the tiled K-quant matmul, from 8 rows: off for this process (GGML_CPU_TILED_MM, which ggml reads
+  at its first use; a value set outside wins);
+- the repacked kernels (llama.cpp's extra buffer types): exact for Q4_0, not for Q4_K from 4 rows,
+  so `repack_is_exact` keeps K-quant and IQ weights on the CPU off them (engine.llama.Weights).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+
+# Build flags (system_info's "NAME = 1") of kernels that run only for batches.
+BATCH_ONLY_KERNELS = {"LLAMAFILE": "llamafile's sgemm", "AMX_INT8": "AMX-INT8"}
+
+
+def build_warnings(info: str) -> list[str]:
+    """What in a build's system_info() breaks exact greedy equality on the CPU, as sentences."""
+    on = {k.strip() for part in info.split("|") for k, _, v in [part.rpartition(" : ")[2].partition("=")]
+          if v.strip() == "1"}
+    return [f"this llama.cpp build has {what} ({flag} = 1): on the CPU, speculative greedy output can part "
+            "from target-only output (rebuild with `make rebuild-llama`; README, Losslessness)"
+            for flag, what in BATCH_ONLY_KERNELS.items() if flag in on]
+
+
+def repack_is_exact(file_type: str | None) -> bool:
+    """Whether the repacked kernels are exact for weights of `general.file_type`'s name (measured:
+    Q4_0 yes, Q4_K_M no); K-quants and IQ types load without them."""
+    return not file_type or not (file_type.startswith("IQ") or "_K" in file_type)
