@@ -10,14 +10,15 @@ from __future__ import annotations
 import os
 import sys
 
+from sidecar.engine.kernels import flags_on
 from sidecar.engine.llama import system_info
 
-# The CMake argument that leaves a kernel out, and the flag system_info() shows when it is in.
-LEFT_OUT = {"-DGGML_LLAMAFILE=OFF": "LLAMAFILE = 1", "-mno-amx-int8": "AMX_INT8 = 1"}
+# The CMake argument that leaves a kernel out, and the flag system_info() shows as "= 1" when it is in.
+LEFT_OUT = {"-DGGML_LLAMAFILE=OFF": "LLAMAFILE", "-mno-amx-int8": "AMX_INT8"}
 
 if __name__ == "__main__":
-    args, info = os.environ.get("CMAKE_ARGS", ""), system_info()
-    stale = [flag for arg, flag in LEFT_OUT.items() if arg in args and flag in info]
+    args, on = os.environ.get("CMAKE_ARGS", ""), flags_on(system_info())
+    stale = [flag for arg, flag in LEFT_OUT.items() if arg in args and flag in on]
     if stale:
         print(f"installed llama-cpp-python has {', '.join(stale)} though CMAKE_ARGS leaves it out: rebuilding")
     sys.exit(1 if stale else 0)

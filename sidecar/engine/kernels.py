@@ -21,10 +21,15 @@ os.environ.setdefault("GGML_CPU_TILED_MM", "0")
 BATCH_ONLY_KERNELS = {"LLAMAFILE": "llamafile's sgemm", "AMX_INT8": "AMX-INT8"}
 
 
+def flags_on(info: str) -> set[str]:
+    """The flags a build's system_info() shows as "NAME = 1" ("CPU : SSE3 = 1 | AVX = 1 | ...")."""
+    return {k.strip() for part in info.split("|") for k, _, v in [part.rpartition(" : ")[2].partition("=")]
+            if v.strip() == "1"}
+
+
 def build_warnings(info: str) -> list[str]:
     """What in a build's system_info() breaks exact greedy equality on the CPU, as sentences."""
-    on = {k.strip() for part in info.split("|") for k, _, v in [part.rpartition(" : ")[2].partition("=")]
-          if v.strip() == "1"}
+    on = flags_on(info)
     return [f"this llama.cpp build has {what} ({flag} = 1): on the CPU, speculative greedy output can part "
             "from target-only output (rebuild with `make rebuild-llama`; README, Losslessness)"
             for flag, what in BATCH_ONLY_KERNELS.items() if flag in on]
