@@ -58,6 +58,13 @@ own numbers: median per-stream decode rate (daemon ``eval_count / eval_duration`
 first server's text for that prompt (its first run of it); a daemon's fallback to target-only
 decoding is listed under that table.
 
+Client: the batches are read by a lean recorder that stamps each arrival and parses HTTP and JSON
+only after the stream has ended, on a connection per stream (``Connection: close``).
+``NAME@httpx`` is config NAME's server once more in the rotation, the same process, its batches
+read by httpx parsing as it reads (as runs before 2026-12-03 did). The client runs on the cores
+the servers decode on, so its CPU per chunk slows their steps: on 2 cores httpx cost ~1 ms per
+chunk, the recorder ~0.15 ms (README, Concurrency). The extras read with httpx.
+
 Threads: the servers decode with ``--threads`` each and only one runs at a time, but llama.cpp's
 threads wait for each other at every step, so a CPU taken by another job slows a step to that
 thread's share of it: on a shared machine use ``--threads 1``, and do not ``nice`` the run.
@@ -134,11 +141,14 @@ FOREIGN_WARN = 0.2  # cores used by other jobs during a batch, above which the s
 
 DEFAULT_CONFIGS = "old,batched,batched+ngram,llama-server-none,llama-server-ngram-mod"
 PADDED_CONFIGS = ("padded", "padded+draft", "llama-server-padded-none", "llama-server-padded-draft-simple")
+HTTPX = "@httpx"  # a config name's suffix: the same server process, read by httpx (`make_configs`)
 RATIOS = (  # (numerator, denominator): a ratio column where both ran
     ("batched", "old"),
     ("batched+ngram", "batched"),
     ("batched", "llama-server-none"),
     ("batched-np4", "batched"),
+    ("batched", f"batched{HTTPX}"),
+    ("llama-server-none", f"llama-server-none{HTTPX}"),
     ("llama-server-ngram-mod", "llama-server-none"),
     ("padded+draft", "padded"),
     ("llama-server-padded-draft-simple", "llama-server-padded-none"),
@@ -172,6 +182,12 @@ class Config:
     num_ctx: int = NUM_CTX
     speculative: str = ""  # daemon: the pair's `speculative:` settings, as inline YAML ("{cache: off}")
     parallel: int | None = None  # OLLAMA_NUM_PARALLEL / -np whatever N is (None: N)
+    reader: Literal["raw", "httpx"] = "raw"  # how the batches are read (module docstring, Client)
+
+    @property
+    def server(self) -> str:
+        """The server this config measures: NAME@httpx measures NAME's."""
+        return self.name.removesuffix(HTTPX)
 
 
 def make_configs(names: Sequence[str], old_root: Path | None) -> list[Config]:
@@ -196,8 +212,13 @@ def make_configs(names: Sequence[str], old_root: Path | None) -> list[Config]:
     # NAME-again: the same server as NAME, a process of its own (the run's process-to-process spread)
     known.update({f"{n}{AGAIN}": (lambda n=n: replace(known[n](), name=f"{n}{AGAIN}"))
                   for n in list(known)})  # fmt: skip
+    known.update({f"{n}{HTTPX}": (lambda n=n: replace(known[n](), name=f"{n}{HTTPX}", reader="httpx"))
+                  for n in list(known)})  # fmt: skip
     if unknown := [n for n in names if n not in known]:
-        raise SystemExit(f"unknown configs {unknown}; known: {', '.join(known)} (and each with {AGAIN})")
+        raise SystemExit(f"unknown configs {unknown}; known: {', '.join(k for k in known if HTTPX not in k)} "
+                         f"(and each with {AGAIN} and/or {HTTPX})")
+    if missing := [n for n in names if n.endswith(HTTPX) and n.removesuffix(HTTPX) not in names]:
+        raise SystemExit(f"{missing}: NAME{HTTPX} reads NAME's server, so NAME must be in --configs too")
     return [known[n]() for n in names]
 
 
@@ -429,9 +450,9 @@ class Stream:
         return d
 
 
-def _text_chunk(s: Stream, text: str) -> None:
+def _text_chunk(s: Stream, text: str, now: float | None = None) -> None:
     if text:
-        now = time.perf_counter()
+        now = time.perf_counter() if now is None else now
         s.stamps.append(now)
         s.first = s.first or now
         s.text += text
@@ -446,6 +467,32 @@ def _daemon_final(s: Stream, c: dict[str, Any]) -> None:
     s.fallback = c.get("fallback")
 
 
+def _daemon_line(s: Stream, path: str, line: str, now: float | None = None) -> None:
+    if not line.strip():
+        return
+    c = json.loads(line)
+    if "error" in c:
+        raise RuntimeError(f"{path}: {c['error']}")
+    _text_chunk(s, c.get("response") or (c.get("message") or {}).get("content") or "", now)
+    if c.get("done"):
+        _daemon_final(s, c)
+
+
+def _llama_line(s: Stream, line: str, now: float | None = None) -> None:
+    if not line.startswith("data: "):
+        return
+    c = json.loads(line[6:])
+    if "error" in c:
+        raise RuntimeError(f"/completion: {c['error']}")
+    _text_chunk(s, c.get("content") or "", now)
+    if c.get("stop"):
+        t = c.get("timings") or {}
+        s.tokens = int(t.get("predicted_n", c.get("tokens_predicted", 0)))
+        s.prompt_eval = t.get("prompt_n")
+        s.server_tps = t.get("predicted_per_second")
+        s.drafted, s.accepted = t.get("draft_n"), t.get("draft_n_accepted")
+
+
 async def daemon_stream(client: httpx.AsyncClient, path: str, body: dict[str, Any], s: Stream | None = None) -> Stream:
     """One /api/generate or /api/chat request, NDJSON streamed (into `s` as it comes, if given)."""
     s = s or Stream(time.perf_counter())
@@ -453,39 +500,121 @@ async def daemon_stream(client: httpx.AsyncClient, path: str, body: dict[str, An
         if r.status_code != 200:
             raise RuntimeError(f"{path}: HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:500]}")
         async for line in r.aiter_lines():
-            if not line.strip():
-                continue
-            c = json.loads(line)
-            if "error" in c:
-                raise RuntimeError(f"{path}: {c['error']}")
-            _text_chunk(s, c.get("response") or (c.get("message") or {}).get("content") or "")
-            if c.get("done"):
-                _daemon_final(s, c)
+            _daemon_line(s, path, line)
     s.end = time.perf_counter()
     return s
 
 
+def _llama_body(ids: list[int], n_predict: int) -> dict[str, Any]:
+    return {"prompt": ids, "n_predict": n_predict, "temperature": 0, "stream": True, "cache_prompt": True}
+
+
 async def llama_stream(client: httpx.AsyncClient, ids: list[int], n_predict: int) -> Stream:
     """One llama-server /completion on token ids, SSE streamed."""
-    body = {"prompt": ids, "n_predict": n_predict, "temperature": 0, "stream": True, "cache_prompt": True}
     s = Stream(time.perf_counter())
-    async with client.stream("POST", "/completion", json=body) as r:
+    async with client.stream("POST", "/completion", json=_llama_body(ids, n_predict)) as r:
         if r.status_code != 200:
             raise RuntimeError(f"/completion: HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:500]}")
         async for line in r.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            c = json.loads(line[6:])
-            if "error" in c:
-                raise RuntimeError(f"/completion: {c['error']}")
-            _text_chunk(s, c.get("content") or "")
-            if c.get("stop"):
-                t = c.get("timings") or {}
-                s.tokens = int(t.get("predicted_n", c.get("tokens_predicted", 0)))
-                s.prompt_eval = t.get("prompt_n")
-                s.server_tps = t.get("predicted_per_second")
-                s.drafted, s.accepted = t.get("draft_n"), t.get("draft_n_accepted")
+            _llama_line(s, line)
     s.end = time.perf_counter()
+    return s
+
+
+# The lean client (``--client raw``, the default). The client shares the machine's cores with the
+# server it measures, and llama.cpp's threads wait for each other at every step, so the client's own
+# CPU per chunk slows the server's steps. On a 2-core machine httpx's streaming reader cost ~1 ms of
+# CPU per chunk (README, Concurrency), as much as 10% of a four-stream step; this client only stamps
+# each arrival and keeps the bytes, and parses the HTTP and the JSON after the stream has ended.
+
+
+class _Recorder(asyncio.Protocol):
+    """An HTTP/1.1 exchange on a connection the server closes: each arrival, stamped on arrival."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[float, bytes]] = []
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        self.parts.append((time.perf_counter(), data))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+def _dechunk(parts: list[tuple[float, bytes]]) -> Iterator[tuple[float, bytes]]:
+    """The body of a recorded chunked response as (arrival, payload bytes), one per arrival."""
+    raw = b""
+    left = 0  # payload bytes left of the current chunk
+    crlf = 0  # bytes left of the CRLF after it
+    for t, data in parts:
+        raw += data
+        out = b""
+        while raw:
+            if left:
+                take = raw[:left]
+                out, raw, left = out + take, raw[len(take):], left - len(take)
+                crlf = 0 if left else 2
+            elif crlf:
+                n = min(crlf, len(raw))
+                raw, crlf = raw[n:], crlf - n
+            elif b"\r\n" in raw:
+                head, raw = raw.split(b"\r\n", 1)
+                left = int(head.split(b";")[0], 16)
+                if left == 0:  # the last chunk
+                    yield t, out
+                    return
+            else:
+                break
+        yield t, out
+
+
+async def raw_post(url: str, path: str, body: dict[str, Any]) -> tuple[float, list[tuple[float, str]]]:
+    """POST a JSON body and record the response; returns (end, [(arrival, line)]) once the server
+    has closed the connection (``Connection: close``), the lines parsed afterwards."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    payload = json.dumps(body).encode()
+    transport, rec = await asyncio.get_running_loop().create_connection(_Recorder, host, int(port))
+    transport.write(f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload)
+    await rec.closed
+    if not rec.parts:
+        raise RuntimeError(f"{path}: connection closed without a response")
+    parts = rec.parts
+    t0, first = parts[0]
+    while b"\r\n\r\n" not in first and len(parts) > 1:  # headers split over arrivals
+        (t0, first), parts = (parts[1][0], first + parts[1][1]), [parts[0], *parts[2:]]
+    head, rest = first.split(b"\r\n\r\n", 1)
+    status = head.split(b"\r\n", 1)[0].decode()
+    body_parts = [(t0, rest), *parts[1:]]
+    if " 200 " not in status + " ":
+        raise RuntimeError(f"{path}: {status}: {b''.join(p for _, p in body_parts).decode(errors='replace')[:500]}")
+    chunked = b"transfer-encoding: chunked" in head.lower()
+    lines: list[tuple[float, str]] = []
+    pending = b""
+    for t, data in (_dechunk(body_parts) if chunked else body_parts):
+        pending += data
+        *done, pending = pending.split(b"\n")
+        lines += [(t, ln.decode()) for ln in done]
+    if pending:
+        lines.append((parts[-1][0], pending.decode()))
+    return parts[-1][0], lines
+
+
+async def daemon_stream_raw(url: str, path: str, body: dict[str, Any]) -> Stream:
+    s = Stream(time.perf_counter())
+    s.end, lines = await raw_post(url, path, body)
+    for t, line in lines:
+        _daemon_line(s, path, line, t)
+    return s
+
+
+async def llama_stream_raw(url: str, ids: list[int], n_predict: int) -> Stream:
+    s = Stream(time.perf_counter())
+    s.end, lines = await raw_post(url, "/completion", _llama_body(ids, n_predict))
+    for t, line in lines:
+        _llama_line(s, line, t)
     return s
 
 
@@ -517,26 +646,34 @@ class Tokens:
         return self.ids[text]
 
 
-def stream_one(srv: Server, client: httpx.AsyncClient, text: str, n: int, tokens: Tokens) -> Any:
+def stream_one(srv: Server, client: httpx.AsyncClient | None, text: str, n: int, tokens: Tokens) -> Any:
+    """One stream of a batch: through httpx when a client is given, else the lean recorder."""
     if srv.config.kind == "daemon":
-        return daemon_stream(client, "/api/generate", generate_body(text, n))
-    return llama_stream(client, tokens.get(srv, text), n)
+        body = generate_body(text, n)
+        if client:
+            return daemon_stream(client, "/api/generate", body)
+        return daemon_stream_raw(srv.url, "/api/generate", body)
+    ids = tokens.get(srv, text)
+    return llama_stream(client, ids, n) if client else llama_stream_raw(srv.url, ids, n)
 
 
 PROMPT_TEXTS = [chat(t) for t in PROMPTS.values()]
 PROMPT_NAMES = list(PROMPTS)
 
 
-def batch(srv: Server, n: int, n_predict: int, tokens: Tokens) -> list[Stream]:
-    """N concurrent streams started together, stream i on prompt i mod len(PROMPTS)."""
+def batch(srv: Server, n: int, n_predict: int, tokens: Tokens, reader: str = "raw") -> list[Stream]:
+    """N concurrent streams started together, stream i on prompt i mod len(PROMPTS), read by
+    `reader` ("raw": the lean recorder; "httpx")."""
     texts = [PROMPT_TEXTS[i % len(PROMPT_TEXTS)] for i in range(n)]
     for t in texts:  # tokenised before the clock starts
         if srv.config.kind == "llama-server":
             tokens.get(srv, t)
 
     async def run() -> list[Stream]:
-        async with _client(srv.url, n) as client:
-            return list(await asyncio.gather(*(stream_one(srv, client, t, n_predict, tokens) for t in texts)))
+        if reader == "raw":
+            return list(await asyncio.gather(*(stream_one(srv, None, t, n_predict, tokens) for t in texts)))
+        async with _client(srv.url, n) as c:
+            return list(await asyncio.gather(*(stream_one(srv, c, t, n_predict, tokens) for t in texts)))
 
     return asyncio.run(run())
 
@@ -599,11 +736,11 @@ def run_n(configs: list[Config], binary: Path | None, n: int, args: argparse.Nam
     waited: dict[str, list[float]] = {c.name: [] for c in configs}
     meta: dict[str, Any] = {"loadavg_before": os.getloadavg()[0], "foreign_cores": foreign, "waited_idle_s": waited}
 
-    def measure(srv: Server) -> None:
-        name = srv.config.name
+    def measure(srv: Server, cfg: Config) -> None:
+        name = cfg.name
         waited[name].append(wait_idle())
         with Foreign() as f:
-            batches[name].append(batch(srv, n, args.tokens, tokens))
+            batches[name].append(batch(srv, n, args.tokens, tokens, cfg.reader))
         foreign[name].append(f.cores)
         _log(f"N={n} rep {len(batches[name]) - 1} {name}: {aggregate_tps(batches[name][-1]):.1f} tok/s "
              f"(waited {waited[name][-1]:.1f} s for idle servers; other jobs: {_f(f.cores, '.2f')} cores)")  # fmt: skip
@@ -617,17 +754,18 @@ def run_n(configs: list[Config], binary: Path | None, n: int, args: argparse.Nam
             for cfg in order(rep):
                 with start(cfg, binary, n, args.threads, f"n{n}-r{rep}") as srv:
                     batch(srv, n, WARMUP_TOKENS, tokens)
-                    measure(srv)
+                    measure(srv, cfg)
     else:
         with ExitStack() as stack:
-            servers = {c.name: stack.enter_context(start(c, binary, n, args.threads, f"n{n}")) for c in configs}
+            servers = {c.name: stack.enter_context(start(c, binary, n, args.threads, f"n{n}"))
+                       for c in configs if c.name == c.server}  # fmt: skip
             for srv in servers.values():
                 batch(srv, n, WARMUP_TOKENS, tokens)
             meta["idle_cores"] = idle_cpu_share()
             _log(f"N={n}: idle servers use {_f(meta['idle_cores'], '.3f')} cores")
             for rep in range(args.reps):
                 for cfg in order(rep):
-                    measure(servers[cfg.name])
+                    measure(servers[cfg.server], cfg)
     meta["loadavg_after"] = os.getloadavg()[0]
     for i, s in enumerate(batches[configs[0].name][0]):  # the first config's first text of each prompt
         refs.setdefault(i % len(PROMPT_TEXTS), s.text)
