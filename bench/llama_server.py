@@ -23,7 +23,6 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -55,11 +54,8 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_USE_PREBUILT_UI=OFF",
-    "-DGGML_LLAMAFILE=OFF",  # our llama-cpp-python CPU build has it off too
     "-DLLAMA_CURL=OFF",
 )
-if platform.machine().lower() in ("x86_64", "amd64"):  # no AMX either, as scripts/backend.sh builds
-    CMAKE_FLAGS += ("-DCMAKE_C_FLAGS=-mno-amx-int8", "-DCMAKE_CXX_FLAGS=-mno-amx-int8")
 # Same settings for every server: CPU only, llama-cpp-python's batch sizes, FA off, one slot, no RAM
 # prompt cache; threads (-t/-tb, and the draft's, which default to them) come from --threads.
 COMMON_ARGS = ("-c", "4096", "-b", "512", "-ub", "512", "-fa", "off", "-np", "1",
@@ -74,6 +70,14 @@ def _log(msg: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- build
+
+
+def cmake_flags() -> list[str]:
+    """CMAKE_FLAGS, and the CPU kernels our llama-cpp-python build leaves out (llamafile's sgemm,
+    AMX: scripts/backend.sh --cpu), left out of llama-server too."""
+    cpu = subprocess.run(["sh", str(HERE.parent / "scripts" / "backend.sh"), "--cpu"], check=True,
+                         capture_output=True, text=True).stdout.split()  # fmt: skip
+    return [*CMAKE_FLAGS, *cpu]
 
 
 def build(cache_dir: Path = DEFAULT_CACHE) -> Path:
@@ -96,7 +100,7 @@ def build(cache_dir: Path = DEFAULT_CACHE) -> Path:
             tar.extractall(cache_dir, filter="data")
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     t0 = time.monotonic()
-    subprocess.run(["cmake", "-S", str(src), "-B", str(src / "build"), *generator, *CMAKE_FLAGS],
+    subprocess.run(["cmake", "-S", str(src), "-B", str(src / "build"), *generator, *cmake_flags()],
                    check=True, timeout=600)  # fmt: skip
     subprocess.run(["cmake", "--build", str(src / "build"), "-j2", "--target", "llama-server"],
                    check=True, timeout=3600)  # fmt: skip
@@ -331,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
 
     data: dict[str, Any] = json.loads(args.json.read_text()) if args.json.is_file() else {}
     data.setdefault("pairs", {})
-    data["meta"] = {"llama_server": _revision(binary), "cmake_flags": list(CMAKE_FLAGS),
+    data["meta"] = {"llama_server": _revision(binary), "cmake_flags": cmake_flags(),
                     "common_args": list(COMMON_ARGS), "short_tokens": SHORT_TOKENS,
                     "cpu_count": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
     _log(f"load average before: {os.getloadavg()}")

@@ -10,12 +10,17 @@
 # for batches, so a token scored alone and inside a batch would part; in llama-cpp-python 0.3.36
 # it also crashes on Q4_1 weights (SmolLM2's) at the first prompt of more than a few tokens.
 # -mno-amx-int8 holds against a later -march=native (gcc and clang keep explicit ISA choices).
-# Prints "<backend>|<cmake args>|<why>".
+# Prints "<backend>|<cmake args>|<why>"; with --cpu, only the CPU kernels' arguments (what
+# bench/llama_server.py builds its llama-server with, so both leave out the same kernels).
 set -u
 cpu="-DGGML_LLAMAFILE=OFF"
 case "$(uname -m)" in
     x86_64|amd64|i?86) cpu="$cpu -DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8" ;;
 esac
+if [ "${1:-}" = "--cpu" ]; then
+    echo "$cpu"
+    exit 0
+fi
 nvcc=$(command -v nvcc 2>/dev/null || true)
 [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc
 cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
