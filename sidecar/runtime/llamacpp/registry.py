@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.engine.llama import Weights, gpu_offload_supported
-from sidecar.models.gguf import FILE_TYPES, read_metadata
+from sidecar.models.gguf import file_type
 
 log = logging.getLogger("sidecar.runtime")
 
@@ -35,7 +35,7 @@ class WeightsRegistry:
             size = path.stat().st_size
             log.info("loading %s model %s (%.1f MiB)", role, path, size / 2**20)
             t0 = time.perf_counter()
-            w = Weights(path, n_gpu_layers=n_gpu_layers, file_type=_file_type(path))
+            w = Weights(path, n_gpu_layers=n_gpu_layers, file_type=file_type(path))
             log.info(
                 "%s model loaded: %s in %.2fs, %d of %d layers on the GPU (%s)", role, path.name,
                 time.perf_counter() - t0, w.gpu_layers, w.n_layer + 1,
@@ -70,10 +70,3 @@ class WeightsRegistry:
         loaded = dict(self._loaded)  # a C-level copy, atomic under the GIL
         return [{"path": path, "num_gpu": gpu, "refs": n} for (path, gpu), (_, n) in loaded.items()]
 
-
-def _file_type(path: Path) -> str | None:
-    """`general.file_type`'s name ("Q4_K_M"), which decides the CPU kernels (engine.kernels)."""
-    try:
-        return FILE_TYPES.get(read_metadata(path).get("general.file_type"))  # type: ignore[arg-type]
-    except (ValueError, OSError):  # GGUFError is a ValueError
-        return None  # llama.cpp says what is wrong with the file when it loads it
