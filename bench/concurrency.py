@@ -61,7 +61,11 @@ decoding is listed under that table.
 Client: the batches are read by a lean recorder that stamps each arrival and parses HTTP and JSON
 only after the stream has ended, on a connection per stream (``Connection: close``).
 ``NAME@httpx`` is config NAME's server once more in the rotation, the same process, its batches
-read by httpx parsing as it reads (as runs before 2026-12-03 did). The client runs on the cores
+read by httpx parsing as it reads (as runs before 2026-12-03 did). ``NAME@serial`` is NAME's
+server again, sent the batch's N streams one after another: the same work as the batch, without
+sharing a step, so NAME / NAME@serial is what batching gains on these prompts (the batch bound's
+N / v(N) assumes a stream costs alone what it costs in the batch; N = 1 runs only prompt 0, the
+shortest but one, while a batch's streams attend over its deepest stream's KV). The client runs on the cores
 the servers decode on, so its CPU per chunk slows their steps: on 2 cores httpx cost ~1 ms per
 chunk, the recorder ~0.15 ms (README, Concurrency). The extras read with httpx.
 
@@ -98,6 +102,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -106,7 +111,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AsyncExitStack, ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -142,12 +147,14 @@ FOREIGN_WARN = 0.2  # cores used by other jobs during a batch, above which the s
 DEFAULT_CONFIGS = "old,batched,batched+ngram,llama-server-none,llama-server-ngram-mod"
 PADDED_CONFIGS = ("padded", "padded+draft", "llama-server-padded-none", "llama-server-padded-draft-simple")
 HTTPX = "@httpx"  # a config name's suffix: the same server process, read by httpx (`make_configs`)
+SERIAL = "@serial"  # a config name's suffix: the same server process, the batch's streams one at a time
 RATIOS = (  # (numerator, denominator): a ratio column where both ran
     ("batched", "old"),
     ("batched+ngram", "batched"),
     ("batched", "llama-server-none"),
     ("batched-np4", "batched"),
     ("batched", f"batched{HTTPX}"),
+    ("batched", f"batched{SERIAL}"),
     ("llama-server-none", f"llama-server-none{HTTPX}"),
     ("llama-server-ngram-mod", "llama-server-none"),
     ("padded+draft", "padded"),
@@ -183,11 +190,12 @@ class Config:
     speculative: str = ""  # daemon: the pair's `speculative:` settings, as inline YAML ("{cache: off}")
     parallel: int | None = None  # OLLAMA_NUM_PARALLEL / -np whatever N is (None: N)
     reader: Literal["raw", "httpx"] = "raw"  # how the batches are read (module docstring, Client)
+    serial: bool = False  # the batch's streams one after another (NAME@serial)
 
     @property
     def server(self) -> str:
-        """The server this config measures: NAME@httpx measures NAME's."""
-        return self.name.removesuffix(HTTPX)
+        """The server this config measures: NAME@httpx and NAME@serial measure NAME's."""
+        return self.name.split("@")[0]
 
 
 def make_configs(names: Sequence[str], old_root: Path | None) -> list[Config]:
@@ -212,13 +220,14 @@ def make_configs(names: Sequence[str], old_root: Path | None) -> list[Config]:
     # NAME-again: the same server as NAME, a process of its own (the run's process-to-process spread)
     known.update({f"{n}{AGAIN}": (lambda n=n: replace(known[n](), name=f"{n}{AGAIN}"))
                   for n in list(known)})  # fmt: skip
-    known.update({f"{n}{HTTPX}": (lambda n=n: replace(known[n](), name=f"{n}{HTTPX}", reader="httpx"))
-                  for n in list(known)})  # fmt: skip
+    for n in list(known):  # NAME@httpx, NAME@serial: NAME's own server, read or sent otherwise
+        known[f"{n}{HTTPX}"] = lambda n=n: replace(known[n](), name=f"{n}{HTTPX}", reader="httpx")
+        known[f"{n}{SERIAL}"] = lambda n=n: replace(known[n](), name=f"{n}{SERIAL}", serial=True)
     if unknown := [n for n in names if n not in known]:
-        raise SystemExit(f"unknown configs {unknown}; known: {', '.join(k for k in known if HTTPX not in k)} "
-                         f"(and each with {AGAIN} and/or {HTTPX})")
-    if missing := [n for n in names if n.endswith(HTTPX) and n.removesuffix(HTTPX) not in names]:
-        raise SystemExit(f"{missing}: NAME{HTTPX} reads NAME's server, so NAME must be in --configs too")
+        raise SystemExit(f"unknown configs {unknown}; known: {', '.join(k for k in known if '@' not in k)} "
+                         f"(and each with {AGAIN}, and {HTTPX} or {SERIAL})")
+    if missing := [n for n in names if "@" in n and n.split("@")[0] not in names]:
+        raise SystemExit(f"{missing}: NAME@... measures NAME's server, so NAME must be in --configs too")
     return [known[n]() for n in names]
 
 
@@ -261,6 +270,16 @@ class Server:
     config: Config
     url: str
     tokenize: Callable[[str], list[int]] | None = None  # llama-server only
+    log: Path | None = None  # daemon only: its log, where it writes its verify curve
+
+    def verify_curve(self) -> list[float] | None:
+        """The daemon's verify curve as it logged it at load: v(1) = 1, v(2), ... in one-row steps."""
+        if self.log is None:
+            return None
+        for line in self.log.read_text(errors="replace").splitlines():
+            if "verify cost curve of" in line and (m := re.search(r"n = 1\.\.\d+\): ([0-9., ]+);", line)):
+                return [float(x) for x in m.group(1).split(",")]
+        return None
 
 
 def _pair_yaml(cfg: Config, threads: int) -> str:
@@ -311,7 +330,7 @@ def daemon(cfg: Config, parallel: int, threads: int, tag: str) -> Iterator[Serve
                 except httpx.TransportError:
                     pass
                 time.sleep(0.2)
-            yield Server(cfg, url)
+            yield Server(cfg, url, log=log_path)
         finally:
             proc.terminate()
             try:
@@ -661,19 +680,22 @@ PROMPT_TEXTS = [chat(t) for t in PROMPTS.values()]
 PROMPT_NAMES = list(PROMPTS)
 
 
-def batch(srv: Server, n: int, n_predict: int, tokens: Tokens, reader: str = "raw") -> list[Stream]:
+def batch(srv: Server, n: int, n_predict: int, tokens: Tokens, reader: str = "raw",
+          serial: bool = False) -> list[Stream]:  # fmt: skip
     """N concurrent streams started together, stream i on prompt i mod len(PROMPTS), read by
-    `reader` ("raw": the lean recorder; "httpx")."""
+    `reader` ("raw": the lean recorder; "httpx"); with `serial`, the same streams one at a time."""
     texts = [PROMPT_TEXTS[i % len(PROMPT_TEXTS)] for i in range(n)]
     for t in texts:  # tokenised before the clock starts
         if srv.config.kind == "llama-server":
             tokens.get(srv, t)
 
     async def run() -> list[Stream]:
-        if reader == "raw":
-            return list(await asyncio.gather(*(stream_one(srv, None, t, n_predict, tokens) for t in texts)))
-        async with _client(srv.url, n) as c:
-            return list(await asyncio.gather(*(stream_one(srv, c, t, n_predict, tokens) for t in texts)))
+        async with AsyncExitStack() as stack:
+            c = await stack.enter_async_context(_client(srv.url, n)) if reader == "httpx" else None
+            streams = [lambda t=t: stream_one(srv, c, t, n_predict, tokens) for t in texts]
+            if serial:
+                return [await s() for s in streams]
+            return list(await asyncio.gather(*(s() for s in streams)))
 
     return asyncio.run(run())
 
@@ -740,7 +762,7 @@ def run_n(configs: list[Config], binary: Path | None, n: int, args: argparse.Nam
         name = cfg.name
         waited[name].append(wait_idle())
         with Foreign() as f:
-            batches[name].append(batch(srv, n, args.tokens, tokens, cfg.reader))
+            batches[name].append(batch(srv, n, args.tokens, tokens, cfg.reader, cfg.serial))
         foreign[name].append(f.cores)
         _log(f"N={n} rep {len(batches[name]) - 1} {name}: {aggregate_tps(batches[name][-1]):.1f} tok/s "
              f"(waited {waited[name][-1]:.1f} s for idle servers; other jobs: {_f(f.cores, '.2f')} cores)")  # fmt: skip
@@ -761,6 +783,8 @@ def run_n(configs: list[Config], binary: Path | None, n: int, args: argparse.Nam
                        for c in configs if c.name == c.server}  # fmt: skip
             for srv in servers.values():
                 batch(srv, n, WARMUP_TOKENS, tokens)
+            meta["verify_curves"] = {name: srv.verify_curve() for name, srv in servers.items()
+                                     if srv.config.kind == "daemon"}  # fmt: skip
             meta["idle_cores"] = idle_cpu_share()
             _log(f"N={n}: idle servers use {_f(meta['idle_cores'], '.3f')} cores")
             for rep in range(args.reps):
@@ -932,6 +956,35 @@ def _paired(xs: Sequence[float] | None, ys: Sequence[float] | None) -> str:
     return f"{med:.2f}" if len(got) == 1 else f"{med:.2f} ({got[0]:.2f}-{got[-1]:.2f})"
 
 
+def markdown_bound(results: dict[str, dict[int, dict[str, Any]]], meta: dict[str, Any], names: list[str],
+                   ns: list[int]) -> str:  # fmt: skip
+    """The batch bound N / v(N) from each daemon's own verify curve (logged at load), beside what
+    batching gained on the same work where NAME@serial ran."""
+    out = ["### The batch bound N / v(N), from each daemon's verify curve at that N\n",
+           "v(N) is the cost of N rows of one sequence in one-row steps, as the daemon measured it at load; "
+           "NAME / NAME@serial is the batch's aggregate over the same streams sent one at a time, and its "
+           "share of the bound is that ratio / (N / v(N)).\n",
+           "| N | daemon | v(N) | N / v(N) | daemon / daemon@serial | share of the bound |", "|---" * 6 + "|"]
+    rows = 0
+    for n in ns:
+        for name, curve in ((meta["per_n"].get(n) or {}).get("verify_curves") or {}).items():
+            if n < 2:
+                continue
+            if not curve or n > len(curve):
+                out.append(f"| {n} | {name} | - | - | no verify curve to {n} rows in its log | - |")
+                rows += 1
+                continue
+            bound = n / curve[n - 1]
+            serial = f"{name}{SERIAL}"
+            batched = results[name].get(n, {}).get("agg_tps_reps")
+            alone = results[serial].get(n, {}).get("agg_tps_reps") if serial in names else None
+            of_bound = [x / bound for x in batched] if batched else None
+            out.append(f"| {n} | {name} | {curve[n - 1]:.2f} | {bound:.2f} | {_paired(batched, alone)} | "
+                       f"{_paired(of_bound, alone)} |")  # fmt: skip
+            rows += 1
+    return "\n".join(out) + "\n" if rows else ""
+
+
 def markdown_extras(ex: dict[str, Any]) -> str:
     out = []
     if ex.get("long_prompt"):
@@ -1042,6 +1095,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"WARNING: other jobs used more than {FOREIGN_WARN} cores during some batches (max per config and N): "
               + "; ".join(busy) + "\n")  # fmt: skip
     print(markdown(results, names, args.n))
+    print(markdown_bound(results, meta, names, args.n))
     if "extras" in data:
         print(markdown_extras(data["extras"]))
     return 0
