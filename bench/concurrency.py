@@ -59,15 +59,19 @@ first server's text for that prompt (its first run of it); a daemon's fallback t
 decoding is listed under that table.
 
 Client: the batches are read by a lean recorder that stamps each arrival and parses HTTP and JSON
-only after the stream has ended, on a connection per stream (``Connection: close``).
-``NAME@httpx`` is config NAME's server once more in the rotation, the same process, its batches
-read by httpx parsing as it reads (as runs before 2026-12-03 did). ``NAME@serial`` is NAME's
-server again, sent the batch's N streams one after another: the same work as the batch, without
-sharing a step, so NAME / NAME@serial is what batching gains on these prompts (the batch bound's
-N / v(N) assumes a stream costs alone what it costs in the batch; N = 1 runs only prompt 0, the
-shortest but one, while a batch's streams attend over its deepest stream's KV). The client runs on the cores
-the servers decode on, so its CPU per chunk slows their steps: on 2 cores httpx cost ~1 ms per
-chunk, the recorder ~0.15 ms (README, Concurrency). The extras read with httpx.
+only after the stream has ended, on a connection per stream (``Connection: close``). The client
+runs on the cores the servers decode on, so its CPU per chunk slows their steps: on 2 cores httpx
+cost ~1 ms per chunk, the recorder ~0.15 ms (README, Concurrency). The extras read with httpx.
+
+Variants of a config NAME, on NAME's own server process, in the same rotation:
+
+- ``NAME@httpx``: its batches read by httpx parsing as it reads (as runs before 2026-12-03 did);
+- ``NAME@serial``: the batch's N streams sent one after another, the same work without sharing a
+  step, so NAME / NAME@serial is what batching gains on these prompts. The batch bound N / v(N)
+  prices a batch as N rows of one sequence (the daemon's verify curve, read from its log and
+  printed beside it), but llama.cpp sizes every stream's attention by the deepest one, and N = 1
+  runs only prompt 0, 36 tokens deep (bench/stream_pass.py times the passes themselves). The
+  bound table needs the servers up together (not ``--sequential``).
 
 Threads: the servers decode with ``--threads`` each and only one runs at a time, but llama.cpp's
 threads wait for each other at every step, so a CPU taken by another job slows a step to that
