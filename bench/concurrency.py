@@ -602,18 +602,24 @@ async def raw_post(url: str, path: str, body: dict[str, Any]) -> tuple[float, li
     transport.write(f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
                     f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload)
     await rec.closed
-    if not rec.parts:
-        raise RuntimeError(f"{path}: connection closed without a response")
-    parts = rec.parts
-    t0, first = parts[0]
-    while b"\r\n\r\n" not in first and len(parts) > 1:  # headers split over arrivals
-        (t0, first), parts = (parts[1][0], first + parts[1][1]), [parts[0], *parts[2:]]
-    head, rest = first.split(b"\r\n\r\n", 1)
+    return _response_lines(path, rec.parts)
+
+
+def _response_lines(path: str, parts: list[tuple[float, bytes]]) -> tuple[float, list[tuple[float, str]]]:
+    """A recorded HTTP response's body lines, each stamped with the arrival that completed it, and
+    the last arrival's time; raises on a status other than 200."""
+    head, i = b"", 0
+    while b"\r\n\r\n" not in head:  # the head may span arrivals
+        if i == len(parts):
+            raise RuntimeError(f"{path}: connection closed before a whole response head")
+        head, i = head + parts[i][1], i + 1
+    head, rest = head.split(b"\r\n\r\n", 1)
+    body_parts = [(parts[i - 1][0], rest), *parts[i:]]
     status = head.split(b"\r\n", 1)[0].decode()
-    body_parts = [(t0, rest), *parts[1:]]
     if " 200 " not in status + " ":
         raise RuntimeError(f"{path}: {status}: {b''.join(p for _, p in body_parts).decode(errors='replace')[:500]}")
     chunked = b"transfer-encoding: chunked" in head.lower()
+    end = parts[-1][0]
     lines: list[tuple[float, str]] = []
     pending = b""
     for t, data in (_dechunk(body_parts) if chunked else body_parts):
@@ -621,8 +627,8 @@ async def raw_post(url: str, path: str, body: dict[str, Any]) -> tuple[float, li
         *done, pending = pending.split(b"\n")
         lines += [(t, ln.decode()) for ln in done]
     if pending:
-        lines.append((parts[-1][0], pending.decode()))
-    return parts[-1][0], lines
+        lines.append((end, pending.decode()))
+    return end, lines
 
 
 async def daemon_stream_raw(url: str, path: str, body: dict[str, Any]) -> Stream:

@@ -32,6 +32,15 @@ def test_dechunking_is_the_same_at_every_split_of_the_arrivals() -> None:
             assert stamps == sorted(stamps)
 
 
+def test_a_response_head_split_over_arrivals_is_read_whole() -> None:
+    response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + BODY
+    for i in range(1, len(response)):
+        end, lines = cc._response_lines("/p", [(1.0, response[:i]), (2.0, response[i:])])
+        assert end == 2.0 and [text for _, text in lines] == ["hello", "{}"]
+    with pytest.raises(RuntimeError, match="whole response head"):
+        cc._response_lines("/p", [(1.0, b"HTTP/1.1 200 OK\r\n")])
+
+
 def test_the_lean_client_reads_a_streamed_response_line_by_line_as_it_arrived() -> None:
     lines = [{"response": f"t{i}", "done": False} for i in range(5)] + [{"response": "", "done": True,
                                                                          "eval_count": 5}]

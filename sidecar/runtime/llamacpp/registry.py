@@ -69,4 +69,3 @@ class WeightsRegistry:
         # No lock: this runs on the event loop, and acquire() holds the lock while a model loads.
         loaded = dict(self._loaded)  # a C-level copy, atomic under the GIL
         return [{"path": path, "num_gpu": gpu, "refs": n} for (path, gpu), (_, n) in loaded.items()]
-
