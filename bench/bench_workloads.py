@@ -145,6 +145,7 @@ class Run:
     tok_s: float
     sources: dict[str, tuple[int, int]] = field(default_factory=dict)
     fallback: str | None = None
+    steps: int = 0  # target decodes: one per token, less the accepted draft tokens
 
 
 async def generate(rt: Runtime, entry: PairEntry, turn: Turn, tokens: int, speculate: bool) -> Run:
@@ -162,7 +163,7 @@ async def generate(rt: Runtime, entry: PairEntry, turn: Turn, tokens: int, specu
     r = out
     prompt = out.context[: len(out.context) - len(r.tokens)]
     return Run(prompt, r.tokens, "".join(parts), len(r.tokens) / max(r.eval_seconds, 1e-9),
-               dict(r.drafts_by_source), r.fallback)
+               dict(r.drafts_by_source), r.fallback, len(r.tokens) - r.draft_accepted_tokens)
 
 
 def pair_entry(name: str, target: str, draft: str, cache: str = "off") -> PairEntry:
@@ -179,6 +180,13 @@ def _paired(runs: dict[str, list[Run]]) -> str:
     got = sorted(h.tok_s / max(n.tok_s, m.tok_s) for h, n, m in zip(runs["hybrid"], runs["ngram"], runs["model"],
                                                                     strict=True))
     return f"{statistics.median(got):.2f} ({got[0]:.2f}-{got[-1]:.2f})"
+
+
+def _steps(runs: list[Run]) -> str:
+    """A configuration's target decodes per request, in repetition order: where two drafters'
+    timed rates part but their steps match, the difference is in what a step cost, not in what
+    was drafted."""
+    return ",".join(str(r.steps) for r in runs)
 
 
 def _sources(runs: list[Run]) -> str:
@@ -268,8 +276,9 @@ async def bench_hybrid(rt: Runtime, models: Path, reps: int, tokens: int, result
         await rt.load(e)
     print(f"\n### hybrid: SmolLM2+120 layers (eps 0) target, SmolLM2 draft; {tokens} tokens, median of {reps}\n")
     print("| prompt | target-only tok/s | n-gram | model | hybrid | ratio n-gram | ratio model | ratio hybrid "
-          "| hybrid / better | paired per repetition | hybrid sources (accepted/drafted) | identical |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| hybrid / better | paired per repetition | target steps (n-gram / model / hybrid) "
+          "| hybrid sources (accepted/drafted) | identical |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for pname, q in ((p, PROMPTS[p]) for p in prompts):
         turn = Turn(Prompt.of_completion(chat(q), raw=True))
@@ -286,9 +295,11 @@ async def bench_hybrid(rt: Runtime, models: Path, reps: int, tokens: int, result
         rn, rm, rh = (tps[k] / tps["plain"] for k in ("ngram", "model", "hybrid"))
         print(f"| {pname} | {tps['plain']:.1f} | {tps['ngram']:.1f} | {tps['model']:.1f} | {tps['hybrid']:.1f} "
               f"| {rn:.2f} | {rm:.2f} | {rh:.2f} | {rh / max(rn, rm):.2f} | {_paired(runs)} "
+              f"| {' / '.join(_steps(runs[k]) for k in ('ngram', 'model', 'hybrid'))} "
               f"| {_sources(runs['hybrid'])} "
               f"| {'yes' if same else 'NO'} |")
         rows.append({"prompt": pname, **tps, "reps": {k: [r.tok_s for r in v] for k, v in runs.items()},
+                     "steps": {k: [r.steps for r in v] for k, v in runs.items()},
                      "identical": same, "prompt_tokens": ref.prompt})
     results["hybrid"] = rows
     await rt.unload_all()
