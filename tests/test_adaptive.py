@@ -416,6 +416,48 @@ def test_in_a_shared_step_a_plain_step_counts_its_share_of_the_probe_budget() ->
     assert c.unprobed == 2.0
 
 
+def _disturbed(anchored: bool) -> tuple[CostModel, Plan]:
+    """A pair that learnt good evidence of its model draft at load's prices (CPU curve, 0.3-step
+    draft), then drafted through a disturbance that made its draft and its wide rows 100x dearer;
+    plain steps since brought the one-row step back (the hybrid of the README's libgomp run)."""
+    c = cost(CPU, 0.3)
+    c.t_catchup = 0.02
+    if anchored:
+        c.anchor()
+    c.explored.add("draft")
+    c.evidence[Key("draft", 0)] = [64.0, 0.0]
+    c.t_step[2:] = [t * 100 for t in c.t_step[2:]]
+    c.t_draft, c.t_catchup = c.t_draft * 100, c.t_catchup * 100
+    return c, Plan.start(SpeculativeConfig(), c, [Source(has_cost=True, lag=lambda: 20)], -1)
+
+
+def test_a_disturbance_does_not_price_a_model_draft_out_for_good() -> None:
+    """Priced at the disturbance's prices, the model never drafts again and a probe never fits its
+    budget (the old behaviour, unanchored). Priced at the load's prices at today's one-row step,
+    a probe comes within the budget's steps (5.5 steps of probe at 3%: 184), and once it shows the
+    draft costing what it did at load, the learnt prices restart from the load's and it drafts."""
+    _, stale = _disturbed(anchored=False)
+    assert all(stale.decide(i, INF, 100).k == 0 for i in range(2000))
+    c, p = _disturbed(anchored=True)
+    rounds = [p.decide(i, INF, 100) for i in range(400)]
+    probe = next(i for i, r in enumerate(rounds) if r.k)
+    assert rounds[probe].probe and 184 <= probe + 1 < 400
+    p.record(rounds[probe], drafted=8, accepted=8, draft_seconds=2.4 + 0.4, verify_seconds=4.1,
+             produced=probe + 1, step_seconds=2.4, caught_up=20)
+    assert c.t_draft == pytest.approx(0.3) and c.t_step[9] == pytest.approx(4.1)
+    assert p.decide(probe + 10, INF, 100).k > 0
+
+
+def test_a_probe_at_the_learnt_price_keeps_what_was_learnt() -> None:
+    """A probe whose draft costs what the learnt price says changes nothing but its own average:
+    the learnt curve is not the load's, and only a disturbance's prices are thrown away."""
+    c = cost(CPU, 0.3)
+    c.anchor()
+    c.t_step[5] = 3.5  # learnt: five rows deep into requests cost more than at load
+    c.recover(0.25)
+    assert c.t_step[5] == 3.5 and c.t_draft == 0.3
+
+
 def test_a_model_with_no_evidence_is_probed_once_at_its_first_chance() -> None:
     """Judged by the prior alone a model draft on a CPU never pays (0.7 acceptance, 0.3-step draft
     steps), and one that agrees far better would never show it: the first round it could draft

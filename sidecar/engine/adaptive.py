@@ -120,6 +120,8 @@ class CostModel:
         # what probing it may spend a share of (planner.Plan._probe_affordable), across requests.
         self.unprobed = 0.0
         self.explored: set[str] = set()  # costly sources probed once already, evidence or not
+        # The load's prices as shares of its one-row step (anchor): t_step, t_draft, t_catchup.
+        self._quiet: tuple[list[float], float, float] | None = None
         self.set_provisional(False)  # provisional: the load-time measurement looked disturbed (calibrate)
         self.calibration_seconds = 0.0
         # (a step's others' rows, the curve priced by, their decode's price, (seq, n) -> what n rows
@@ -428,6 +430,39 @@ class CostModel:
                 for m in range(2, len(table)):
                     if m not in self._observed:
                         table[m] *= scale
+
+    def anchor(self) -> None:
+        """Keep the prices as measured at load, as shares of its one-row step, to price probes by.
+
+        Learnt prices move only where their rows or draft run. A disturbance (one busy core made
+        every step here 100x slower, README: libgomp) left a hybrid's model draft and wide rows
+        priced far above their cost once the machine was quiet again; plain steps brought back
+        the one-row step alone, and a draft priced out never ran to correct the rest: its model
+        stayed off for four requests. A probe is the measurement that corrects it, so it is priced
+        at the cheaper of the learnt prices and the load's at today's one-row step (probe_seconds),
+        and one that finds the draft at under half its learnt price restarts from the load's."""
+        if self.t_step[1] > 0:
+            t1 = self.t_step[1]
+            self._quiet = ([t / t1 for t in self.t_step], self.t_draft / t1, self.t_catchup / t1)
+
+    def probe_seconds(self, k: int, lag: int) -> float:
+        """What a probe drafting k tokens costs, `lag` tokens behind: the rows past a plain step's,
+        the catch-up, the draft steps and what a batch costs the warm plain steps (t_switch)."""
+        prices = [(self.t_step, self.t_draft, self.t_catchup)]
+        if self._quiet is not None:
+            t1 = self.t_step[1]
+            prices.append(([s * t1 for s in self._quiet[0]], self._quiet[1] * t1, self._quiet[2] * t1))
+        return min(t[k + 1] - t[1] + lag * catchup + k * draft for t, draft, catchup in prices) + self.t_switch
+
+    def recover(self, draft_seconds: float) -> None:
+        """A probe's draft took `draft_seconds` a token: under half the learnt price, the learnt
+        prices are a disturbance's, and they restart from the load's (anchor) at today's step."""
+        if self._quiet is not None and draft_seconds < 0.5 * self.t_draft:
+            shares, draft, catchup = self._quiet
+            t1 = self.t_step[1]
+            self.t_step[:] = [s * t1 for s in shares]
+            self.t_draft, self.t_catchup = draft * t1, catchup * t1
+            self._others = ((), None, 0.0, {})  # prices cached against the old curve
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         if n_tokens > 0:

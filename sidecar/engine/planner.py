@@ -269,11 +269,10 @@ class Plan:
         plain steps that it stays within `probe_budget` of them. Those are counted across the pair's
         requests (CostModel.unprobed): within one request the catch-up of everything the draft
         missed grows faster than its budget, and a model draft whose first evidence had to come
-        from one request alone was never probed at all."""
-        t = self.cost.t_step
+        from one request alone was never probed at all. A probe is priced at the load's prices
+        where the learnt ones are higher (CostModel.probe_seconds): those may be a disturbance's."""
         lag = self.sources[self._costly].lag() if self._costly is not None else 0
-        probe = t[k + 1] - t[1] + self.cost.t_switch + lag * self.cost.t_catchup + k * self.cost.t_draft
-        return probe <= self.config.probe_budget * self.cost.unprobed * t[1]
+        return self.cost.probe_seconds(k, lag) <= self.config.probe_budget * self.cost.unprobed * self.cost.t_step[1]
 
     def decide(self, produced: int, remaining: float, room: int, step: Step = ALONE) -> Round:
         """This round: from which source to draft how many tokens, and the rows to decode.
@@ -410,6 +409,8 @@ class Plan:
         step, what the round's tokens had cost stepping plain there (CostModel.shares); alone,
         a one-row step each."""
         rows = rows or drafted + 1
+        if rnd.probe and drafted:  # a probe is the measurement that corrects a disturbance's prices
+            self.cost.recover((draft_seconds if step_seconds is None else step_seconds) / drafted)
         warm = self._warm
         same = rows == self._prev_rows
         self._since_batch = self._since_batch + 1 if drafted == 0 else 0

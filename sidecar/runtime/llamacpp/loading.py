@@ -250,6 +250,7 @@ def _measure(lm: Loaded, ctx: Context | SeqView, spec: SpeculativeConfig, draft_
         if quiet:
             ServedCosts().put_draft(draft_ctx.weights.path, cost.t_draft,
                                     draft_ctx.params.n_threads or default_threads())
+    cost.anchor()
     return cost
 
 
