@@ -448,6 +448,16 @@ def test_a_disturbance_does_not_price_a_model_draft_out_for_good() -> None:
     assert p.decide(probe + 10, INF, 100).k > 0
 
 
+def test_a_probe_in_a_shared_step_restarts_nothing() -> None:
+    """Drafts made together share their time out (drafters.propose_together), so a probe's share in
+    a shared step says nothing of what a lone draft costs: only a lone probe restarts the prices."""
+    c, p = _disturbed(anchored=True)
+    probe = next(r for r in (p.decide(i, INF, 100) for i in range(400)) if r.k)
+    p.record(probe, drafted=8, accepted=8, draft_seconds=0.8, verify_seconds=4.1, produced=300,
+             step_seconds=0.8, observe=False, plain_seconds=4.0)
+    assert c.t_step[9] == pytest.approx(410.0)
+
+
 def test_a_probe_at_the_learnt_price_keeps_what_was_learnt() -> None:
     """A probe whose draft costs what the learnt price says changes nothing but its own average:
     the learnt curve is not the load's, and only a disturbance's prices are thrown away."""
