@@ -441,8 +441,7 @@ class CostModel:
         stayed off for four requests. A probe is the measurement that corrects it, so it is priced
         at the cheaper of the learnt prices and the load's at today's one-row step (probe_seconds),
         and one that finds the draft at under half its learnt price restarts from the load's."""
-        if self.t_step[1] > 0:
-            t1 = self.t_step[1]
+        if (t1 := self.t_step[1]) > 0:
             self._quiet = ([t / t1 for t in self.t_step], self.t_draft / t1, self.t_catchup / t1)
 
     def probe_seconds(self, k: int, lag: int) -> float:
@@ -450,19 +449,20 @@ class CostModel:
         the catch-up, the draft steps and what a batch costs the warm plain steps (t_switch)."""
         prices = [(self.t_step, self.t_draft, self.t_catchup)]
         if self._quiet is not None:
-            t1 = self.t_step[1]
-            prices.append(([s * t1 for s in self._quiet[0]], self._quiet[1] * t1, self._quiet[2] * t1))
+            prices.append(self._at_load())
         return min(t[k + 1] - t[1] + lag * catchup + k * draft for t, draft, catchup in prices) + self.t_switch
 
     def recover(self, draft_seconds: float) -> None:
         """A probe's draft took `draft_seconds` a token: under half the learnt price, the learnt
         prices are a disturbance's, and they restart from the load's (anchor) at today's step."""
         if self._quiet is not None and draft_seconds < 0.5 * self.t_draft:
-            shares, draft, catchup = self._quiet
-            t1 = self.t_step[1]
-            self.t_step[:] = [s * t1 for s in shares]
-            self.t_draft, self.t_catchup = draft * t1, catchup * t1
+            self.t_step[:], self.t_draft, self.t_catchup = self._at_load()
             self._others = ((), None, 0.0, {})  # prices cached against the old curve
+
+    def _at_load(self) -> tuple[list[float], float, float]:
+        """The load's t_step, t_draft and t_catchup (anchor) at today's one-row step."""
+        (shares, draft, catchup), t1 = self._quiet, self.t_step[1]  # type: ignore[misc]
+        return [s * t1 for s in shares], draft * t1, catchup * t1
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         if n_tokens > 0:

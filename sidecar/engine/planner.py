@@ -409,8 +409,9 @@ class Plan:
         step, what the round's tokens had cost stepping plain there (CostModel.shares); alone,
         a one-row step each."""
         rows = rows or drafted + 1
-        if rnd.probe and drafted and observe:  # a lone probe corrects a disturbance's prices; in a
-            # shared step its draft's time is a share of the others' (drafters.propose_together)
+        # A lone probe corrects a disturbance's prices; in a shared step its draft's time is a share
+        # of the drafts made with it (drafters.propose_together), which says nothing of a lone draft.
+        if rnd.probe and drafted and observe:
             self.cost.recover((draft_seconds if step_seconds is None else step_seconds) / drafted)
         warm = self._warm
         same = rows == self._prev_rows
