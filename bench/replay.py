@@ -42,12 +42,13 @@ from derive_models import smollm2_path  # noqa: E402
 from prompts import PROMPTS, chat  # noqa: E402
 
 from sidecar.engine import planner  # noqa: E402
-from sidecar.engine.adaptive import NGRAM_N_MAX, SpeculativeConfig, prior_curve  # noqa: E402
+from sidecar.engine.adaptive import NGRAM_N_MAX, SpeculativeConfig  # noqa: E402
 from sidecar.engine.decoder import Decoder, Request, Result  # noqa: E402
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter  # noqa: E402
 from sidecar.engine.hybrid import HybridDrafter  # noqa: E402
 from sidecar.engine.llama import Context, ContextParams, Weights  # noqa: E402
 from sidecar.engine.sampling import SamplingParams  # noqa: E402
+from sidecar.engine.timing import prior_curve  # noqa: E402
 from tests.prices import Fixed  # noqa: E402
 
 
@@ -93,7 +94,7 @@ def prices(target: Path, draft: Context, rows: int, shape: str) -> Fixed:
     """The padded target's verify curve and the draft's times, measured once here (the curve in a
     minute, as the daemon measures a wide one at load: the sizes between those timed interpolated).
 
-    `shape` prior: the rows are priced on the CPU's prior curve instead (adaptive.prior_curve,
+    `shape` prior: the rows are priced on the CPU's prior curve instead (timing.prior_curve,
     SmolLM2's shape on 2 cores, 0.6 n + 0.4 steps) at the measured step. There a short draft pays
     (2 rows cost 1.6 steps; the padded target measures about 2), so the free source's
     short-match classes come into play; and the curve is the same in every run."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.engine import adaptive
+from sidecar.engine import adaptive, timing
 from sidecar.engine.adaptive import CostModel, SpeculativeConfig, Step, expected_tokens
 from sidecar.engine.drafters import Support
 from sidecar.engine.llama import Context, ContextParams, Weights
@@ -126,7 +126,7 @@ class FakeContext:
 def test_calibrate_keeps_the_fastest_run_and_flattens_noise(monkeypatch: pytest.MonkeyPatch) -> None:
     """Minimum over repetitions per size; a bigger batch is never recorded as cheaper; cache emptied."""
     clock = [0.0]
-    monkeypatch.setattr(adaptive.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
     seconds = {
         1: [9.0, 1.0, 5.0, 1.0],  # warm-up, then a burst of load in one repetition
         2: [1.5, 1.4, 1.6],
@@ -161,7 +161,7 @@ class GraphContext(FakeContext):
 
 def test_calibrate_times_steady_steps_and_what_a_batch_costs_them(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [0.0]
-    monkeypatch.setattr(adaptive.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
     model = CostModel(4)
     model.calibrate(GraphContext(clock), reps=2)  # type: ignore[arg-type]
     assert model.t_step[1:] == pytest.approx([1.0, 3.5, 3.5, 3.5])  # plain decoding is steps in a row
@@ -188,7 +188,7 @@ class ShapeContext(GraphContext):
 
 def test_calibrate_times_a_batch_of_the_previous_shape_where_that_is_cheaper(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [0.0]
-    monkeypatch.setattr(adaptive.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
     gpu = CostModel(4)
     gpu.calibrate(ShapeContext(clock), reps=2)  # type: ignore[arg-type]
     assert gpu.t_step[1:] == pytest.approx([1.0, 3.5, 3.5, 3.5])

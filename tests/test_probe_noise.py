@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-import sidecar.engine.adaptive as adaptive
+import sidecar.engine.timing as timing
 import sidecar.pairing.probe as probe
 from sidecar.cli import main
 from sidecar.pairing.costs import ServedCosts
@@ -45,7 +45,7 @@ def busy(store: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[st
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CACHE_HOME", str(home))
         mp.setattr(probe, "DEFAULT_SETTINGS", FAST)
-        mp.setattr(adaptive, "cores_taken", lambda *_: True)
+        mp.setattr(timing, "cores_taken", lambda *_: True)
         return suggest_json(store, "--probe"), home
 
 

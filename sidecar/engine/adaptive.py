@@ -16,13 +16,11 @@ evidence per class, for all of a pair's requests.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sidecar.engine.layout import padded_passes, passes, several
-from sidecar.engine.llama import Context
-from sidecar.engine.timing import cores_taken, interpolated, noisy, spread
+from sidecar.engine.timing import Calibration
 
 
 @dataclass(frozen=True)
@@ -62,24 +60,6 @@ SHARED_MIN, SHARED_MAX = 0.5, 3.0
 """The range a shared step's learnt cost factors (CostModel.shared, .beside) are held in: one decode
 a busy machine slowed must not price every shared step at ten times the curve."""
 
-CONTENDED = 1.5
-"""One-token steps that differ by more than this factor say other processes hold the cores (on a
-quiet machine five in a row agree within ~10%)."""
-
-
-def prior_curve(n: int) -> float:
-    """What verifying n rows costs in one-token steps before anything is measured: the CPU's shape
-    (SmolLM2 on 2 cores: about 0.6 n + 0.4). Pessimistic on a GPU, where rounds correct it."""
-    return 1.0 if n <= 1 else 0.6 * n + 0.4
-
-
-PRIOR_CATCHUP = 0.3
-"""A prefilled token's cost in one-token steps, before it is measured (SmolLM2 on 2 cores: ~0.25)."""
-
-SAME_SHAPE = 0.8
-"""A same-shape decode counts as cheaper (CostModel.t_same) only below this share of t_step: less is
-cache effects and timing noise, which must not make a CPU pad its drafts."""
-
 NGRAM_N_MAX = 64
 """An n-gram pair's default n_max, llama.cpp's ngram-mod's: its drafts cost nothing to make, a
 copied stretch runs long, and on a CPU a wide batch costs less per row (SmolLM2 on 2 cores, all
@@ -87,7 +67,7 @@ accepted: 13 rows give 1.73x, 33 rows 2.04x, 65 rows 2.19x). The planner drafts 
 where a class's acceptance is near-certain (bench/rounds.py)."""
 
 
-class CostModel:
+class CostModel(Calibration):
     """Seconds per target decode of n rows, and per drafted token; shared by a pair's requests.
 
     Seeded by timing real decodes at load (`calibrate`), then tracked with moving averages of what
@@ -225,189 +205,12 @@ class CostModel:
         ev[0] = ev[0] * 0.98 + accepted
         ev[1] = ev[1] * 0.98 + (1.0 if accepted < drafted else 0.0)
 
-    def calibrate(self, ctx: Context, reps: int = 3, budget: float | None = None) -> None:
-        """Time decodes of 1..n rows on a scratch sequence, then give the cache back empty.
-
-        Each size is timed `reps` times and the minimum kept. Sizes are taken widest-spread first
-        (1, n, then halves), so a `budget` (seconds) that runs out mid-way still leaves the curve's
-        shape: sizes not timed are interpolated from their neighbours. A curve with fewer than five
-        sizes timed, or whose repetitions disagree, is `provisional`: the online estimates replace
-        it quickly, and it is not worth keeping (runtime.llamacpp.curves does not cache it).
-
-        A decode cannot be cut short, and on a machine whose cores other processes keep busy one
-        batch can take seconds (llama.cpp's threads wait for each other at every op). So a few
-        one-token steps come first: when they disagree, the machine is contended, and the curve
-        is the prior shape (prior_curve) scaled to the fastest step, provisional, at once."""
-        t_start = time.perf_counter()
-        deadline = float("inf") if budget is None else t_start + budget
-        n_rows = len(self.t_step) - 1
-        probe, t1 = self._probe_steps(ctx, t_start, deadline, budget)
-        base = len(ctx)
-        if t1 is None:
-            ctx.truncate(base)
-            # Warm-up of the widest batch; far slower than the prior shape says is contention too.
-            if self._time_decode(ctx, n_rows) > 3 * min(probe) * prior_curve(n_rows) + 0.05 and budget is not None:
-                t1 = min(probe)
-        if t1 is not None:
-            self._prior(t1, n_rows)
-            ctx.clear()
-            self.calibration_seconds = time.perf_counter() - t_start
-            return
-        ctx.truncate(base)
-        samples: dict[int, list[float]] = {n: [] for n in range(1, n_rows + 1)}
-        samples[1] += probe
-        # Two sizes at a time, widest-spread first, each `reps` times before the next two: a budget
-        # that runs out leaves fewer sizes, each measured as well as the rest (the minimum of its
-        # samples), and the sizes between are interpolated; one sample of every size would be
-        # noise. The two alternate, so no decode follows one of its own shape (which a GPU replays
-        # cheaper: t_same, below).
-        order = spread(n_rows)
-        for i in range(0, len(order), 2):
-            if time.perf_counter() > deadline and i >= 2:
-                break
-            for rep in range(reps):
-                if rep and i >= 2 and time.perf_counter() > deadline:
-                    break
-                for n in order[i : i + 2]:
-                    if len(samples[n]) < reps:
-                        ctx.truncate(base)
-                        samples[n].append(self._time_decode(ctx, n))
-        # Plain decoding is one-token steps in a row, which a GPU runs faster than a step right
-        # after a batch (see t_switch): time both (once at least, whatever the budget).
-        steady, switch = float("inf"), float("inf")
-        for rep in range(reps):
-            if rep and time.perf_counter() > deadline:
-                break
-            ctx.truncate(base)
-            ctx.decode([0] * n_rows)
-            after = [self._time_decode(ctx, 1) for _ in range(3)]
-            run = [self._time_decode(ctx, 1) for _ in range(4)]
-            steady = min(steady, *run)
-            switch = min(switch, sum(after) - 3 * min(run))
-        best = interpolated({n: min(v) for n, v in samples.items() if v}, n_rows)
-        best[1] = min(best[1], steady)
-        # Rebuilding a graph costs at least one step run without it; less is cache effects and
-        # timing noise (a CPU measures 0.1-0.2 steps here, and has no graphs to rebuild).
-        self.t_switch = switch if 0.5 * best[1] < switch < float("inf") else 0.0
-        measured = sum(1 for v in samples.values() if v)
-        disturbed = (steady == float("inf") or measured < min(n_rows, 5)
-                     or noisy(samples) or any(best[n] < 0.9 * best[n - 1] for n in range(2, n_rows + 1)))
-        # Verifying more rows never costs less; flatten noise that says otherwise.
-        for n in range(2, n_rows + 1):
-            best[n] = max(best[n], best[n - 1])
-        self.t_step = [0.0, *best[1:]]
-        # A batch of the previous decode's shape: two rows tell whether this hardware replays it
-        # faster (CUDA graphs: 1.38 ms against 3.40 on an H200); only then is every size timed so.
-        self.t_same = []
-        left = deadline - time.perf_counter()
-        if n_rows >= 2 and left > 0 and self._time_same(ctx, base, [2], reps)[2] < SAME_SHAPE * best[2]:
-            same = self._time_same(ctx, base, range(2, n_rows + 1), reps)
-            self.t_same = [0.0, best[1]]
-            for n in range(2, n_rows + 1):
-                self.t_same.append(max(self.t_same[-1], same[n] if same[n] < SAME_SHAPE * best[n] else best[n]))
-        ctx.clear()
-        self.set_provisional(disturbed)
-        self.calibration_seconds = time.perf_counter() - t_start
-
-    def _prior(self, t1: float, n_rows: int) -> None:
-        """The prior curve scaled to a one-token step of t1 seconds, provisional."""
-        self.t_step = [0.0, *(t1 * prior_curve(n) for n in range(1, n_rows + 1))]
-        self.t_switch, self.t_same = 0.0, []
-        self.set_provisional(True)
-
     def set_provisional(self, provisional: bool) -> None:
         """A provisional model follows what rounds really cost faster, so the online estimates
         replace a disturbed measurement within a few rounds."""
         self.provisional = provisional
         self._smooth = 0.5 if provisional else 0.2
         self._observed: set[int] = set()  # batch sizes decoded since it turned provisional
-
-    @classmethod
-    def _time_same(cls, ctx: Context, base: int, sizes: Sequence[int], reps: int) -> dict[int, float]:
-        """The fastest of `reps` decodes of n rows right after one of n rows, per size."""
-        best = dict.fromkeys(sizes, float("inf"))
-        for _ in range(reps):
-            for n in sizes:
-                ctx.truncate(base)
-                ctx.decode([0] * n)
-                ctx.truncate(base)
-                best[n] = min(best[n], cls._time_decode(ctx, n))
-        return best
-
-    @classmethod
-    def _probe_steps(cls, ctx: Context, t_start: float, deadline: float,
-                     budget: float | None) -> tuple[list[float], float | None]:
-        """A warm-up, then up to five one-token steps from a cleared cache, in a quarter of the
-        budget (one at least; see calibrate): the steps, and where a budget is set and the machine
-        looks contended, the one-token time to scale a prior by (None: measure for real).
-
-        Contended: the cores are taken before anything runs (then one lone step is all that is
-        timed), or the steps disagree, or five do not fit in the quarter."""
-        ctx.clear()
-        if budget is not None and cores_taken(ctx.n_threads):
-            return [], cls._lone_step(ctx)
-        # The warm-up builds the one-token graph and the output buffer, and on a first load it
-        # pages the weights in (SmolLM2 + 120 layers, 348 MiB: 0.56 s against a 40 ms step), so
-        # it is neither timed nor charged to the steps' quarter of the budget.
-        ctx.decode([0])
-        base, start = len(ctx), time.perf_counter()
-        steps: list[float] = []
-        while len(steps) < 5 and (not steps or time.perf_counter() < start + 0.25 * (deadline - t_start)):
-            ctx.truncate(base)
-            steps.append(cls._time_decode(ctx, 1))
-        if budget is not None and (len(steps) < 5 or max(steps) > CONTENDED * min(steps)):
-            return steps, min(steps)
-        ctx.truncate(base)
-        return steps, None
-
-    @classmethod
-    def _lone_step(cls, ctx: Context) -> float:
-        """A one-token step on one thread, then the cache cleared: on a machine whose cores are
-        all taken, where threads that wait for each other stall, the one scale worth having."""
-        ctx.set_threads(1)
-        try:
-            return cls._time_decode(ctx, 1)
-        finally:
-            ctx.set_threads(0)
-            ctx.clear()
-
-    @staticmethod
-    def _time_decode(ctx: Context, n: int) -> float:
-        t0 = time.perf_counter()
-        ctx.decode([0] * n)
-        return time.perf_counter() - t0
-
-    def calibrate_draft(self, draft: Context, reps: int = 3, budget: float | None = None) -> bool:
-        """Time the draft's one-token step and its catch-up prefill (per token), fastest of `reps`
-        (of as many as `budget` seconds allow, one at least). False: the machine was contended,
-        and the times are a prior guess (provisional, not worth keeping)."""
-        t_start = time.perf_counter()
-        deadline = float("inf") if budget is None else t_start + budget
-        step = prefill = float("inf")
-        m = max(1, min(64, draft.n_ctx - 4))  # prefilled tokens, then four steps
-        _, t1 = self._probe_steps(draft, t_start, deadline, budget)
-        draft.clear()
-        if t1 is not None:
-            self.t_draft, self.t_catchup = t1, t1 * PRIOR_CATCHUP
-            self.set_provisional(True)
-            self.calibration_seconds += time.perf_counter() - t_start
-            return False
-        draft.prefill([0] * m)  # warm-up, and the graphs for both shapes
-        draft.decode([0])
-        for rep in range(reps):
-            if rep and time.perf_counter() > deadline:
-                break
-            draft.clear()
-            t0 = time.perf_counter()
-            draft.prefill([0] * m)
-            draft.synchronize()
-            prefill = min(prefill, (time.perf_counter() - t0) / m)
-            # A draft's steps come in a row, like plain decoding (see calibrate).
-            step = min(step, *(self._time_decode(draft, 1) for _ in range(4)))
-        draft.clear()
-        self.t_draft, self.t_catchup = step, prefill
-        self.calibration_seconds += time.perf_counter() - t_start
-        return True
 
     def observe_step(self, n: int, seconds: float, same: bool = False) -> None:
         """A decode of n rows took `seconds`; `same`: right after a decode of n rows.

@@ -50,11 +50,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig, expected_tokens, prior_curve, round_seconds
+from sidecar.engine.adaptive import CostModel, SpeculativeConfig, expected_tokens, round_seconds
 from sidecar.engine.decoder import Decoder, Request, Result
 from sidecar.engine.drafters import ModelDrafter
 from sidecar.engine.llama import Context, ContextParams, Weights, backend_id, default_threads
 from sidecar.engine.sampling import SamplingParams
+from sidecar.engine.timing import prior_curve
 from sidecar.models.cache import FileCache
 from sidecar.models.gguf import GGUFError, file_type, read_header
 from sidecar.pairing.costs import ServedCosts
