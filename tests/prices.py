@@ -12,7 +12,7 @@ from sidecar.engine.adaptive import CostModel
 class Fixed(CostModel):
     """CostModel without the online time estimates: its t_step, t_draft and t_catchup stay as set."""
 
-    def observe_step(self, n: int, seconds: float, same: bool = False) -> None:
+    def observe_step(self, n: int, seconds: float, same: bool = False, cells: int = 0) -> None:
         pass
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:

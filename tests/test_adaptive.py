@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.engine import adaptive, timing
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig, Step, expected_tokens
+from sidecar.engine.adaptive import DEPTH_MAX, CostModel, SpeculativeConfig, Step, expected_tokens
 from sidecar.engine.drafters import Support
 from sidecar.engine.llama import Context, ContextParams, Weights
 from sidecar.engine.planner import PLAIN, RETRY_TOKENS, Key, Plan, Round, Source
@@ -781,6 +781,50 @@ def test_the_search_stops_where_rows_add_no_tokens_without_missing_the_best(a: f
     rates = {k: expected_tokens(a, k) / t[k + 1] for k in range(1, 9)}
     best = max((k for k in rates if rates[k] > need), key=lambda k: rates[k], default=0)
     assert got[0] == best
+
+
+def _deep(one_block: float = 1.0, block2: float = 1.1, block3: float = 1.2) -> CostModel:
+    """A CPU curve timed at one block, then one-row steps at 2 and 3 blocks of cache."""
+    c = cost(CPU)
+    c.t_step[1] = one_block
+    c.anchor()
+    for _ in range(20):
+        c.observe_step(1, block2, cells=300)  # 301 cells: two blocks
+        c.observe_step(1, block3, cells=600)
+    return c
+
+
+def test_a_pass_is_priced_at_the_depth_it_attends_over() -> None:
+    """One-row steps 10% dearer per block of cache give the slope; the curve stays at one block and
+    every pass is priced at the depth it runs at, so a wide pass deep in a request is not priced as
+    on an empty cache while its one-row step is priced as it is now."""
+    c = _deep()
+    assert c.depth == pytest.approx(0.1)
+    assert c.t_step[1] == pytest.approx(1.0)  # kept at one block
+    assert c.added(1, Step(cells=600)) == pytest.approx(1.2)
+    assert c.added(9) == pytest.approx(4.1)
+    assert c.added(9, Step(cells=900)) == pytest.approx(4.1 * 1.3)  # 909 cells: four blocks
+    assert c.batch([(0, 9), (1, 1)], cells=900) == pytest.approx(c.batch([(0, 9), (1, 1)]) * 1.3)
+
+
+def test_a_wide_pass_seen_deep_is_learnt_at_one_block() -> None:
+    """A pass that cost what its depth says leaves the curve as it was; one that cost 10% more moves
+    the one-block price by the moving average's share of 10%."""
+    c = _deep()
+    c.observe_step(9, 4.1 * 1.3, cells=900)
+    assert c.t_step[9] == pytest.approx(4.1)
+    c.observe_step(9, 4.1 * 1.3 * 1.1, cells=900)
+    assert c.t_step[9] == pytest.approx(4.1 * (1 + 0.2 * 0.1))
+
+
+def test_the_depth_slope_is_held_to_its_range() -> None:
+    """Deeper steps that ran faster (the machine sped up) price nothing below one block's; a busy
+    spell that slowed them tenfold prices a block at DEPTH_MAX, not at ten."""
+    assert _deep(block2=0.9, block3=0.95).depth == 0.0
+    assert _deep(block2=10.0, block3=10.0).depth == DEPTH_MAX
+    unseen = cost(CPU)
+    unseen.observe_step(1, 2.0, cells=600)  # no step at one block yet: no slope
+    assert unseen.depth == 0.0
 
 
 def test_a_pass_over_several_streams_is_priced_as_shared_decodes_showed() -> None:

@@ -391,10 +391,43 @@ def test_a_prompt_chunk_is_priced_by_what_its_chunks_cost() -> None:
     loop._chunking = {}
     planned = {0: 8}  # one sequence verifying 8 rows: 45 ms
     budget = PREFILL_SHARE * cost.t_step[8]
-    first = loop._chunk(1, seq, planned)  # type: ignore[arg-type]
+    first = loop._chunk(1, seq, planned, 0)  # type: ignore[arg-type]
     assert first == int(budget / (cost.added(MIN_CHUNK, Step(1, ((0, 8),))) / MIN_CHUNK)) > MIN_CHUNK
     loop._chunking[1].observe(first, 3 * cost.t_step[8] * first)  # each token cost three such steps
-    assert loop._chunk(1, seq, planned) == MIN_CHUNK  # type: ignore[arg-type]
+    assert loop._chunk(1, seq, planned, 0) == MIN_CHUNK  # type: ignore[arg-type]
     for _ in range(40):
         loop._chunking[1].observe(100, 0.0001 * 100)  # then cheap ones: 675 would fit the budget
-    assert loop._chunk(1, seq, planned) == 512  # type: ignore[arg-type]  # n_batch
+    assert loop._chunk(1, seq, planned, 0) == 512  # type: ignore[arg-type]  # n_batch
+
+
+def test_each_price_is_asked_at_the_depth_its_step_attends_over(weights: Weights) -> None:
+    """The cells the cost model is told a pass attends over are what the streams held before it:
+    a lone sequence's own, and in a shared step the deepest stream's (llama.cpp sizes a pass's
+    attention by its deepest stream)."""
+    b = Batch(weights, 2, ngram=True)
+    lone: list[tuple[int, int, int]] = []  # (rows, cells, what the stream holds once they are in)
+    shared: list[tuple[int, int]] = []  # (cells, the deepest stream before the decode)
+    observe_step, observe_shared = b.cost.observe_step, b.cost.observe_shared
+
+    def spy_step(n: int, seconds: float, same: bool = False, cells: int = 0) -> None:
+        (sid,) = b.loop.running
+        lone.append((n, cells, len(b.ctx.held(sid))))
+        observe_step(n, seconds, same, cells)
+
+    def spy_shared(rows: list[tuple[int, int]], seconds: float, cells: int = 0) -> None:
+        shared.append((cells, max(len(b.ctx.held(sid)) - n for sid, n in rows)))
+        observe_shared(rows, seconds, cells)
+
+    b.cost.observe_step, b.cost.observe_shared = spy_step, spy_shared  # type: ignore[method-assign]
+    try:
+        b.add(0, request(weights, 3, n=24))
+        steps = b.drain()
+        for _ in range(12):
+            next(steps)
+        b.add(1, request(weights, 1, n=24))
+        list(steps)
+        assert lone and all(cells + n == held for n, cells, held in lone), [x for x in lone if x[1] + x[0] != x[2]]
+        assert lone[0][1] >= len(request(weights, 3).prompt)
+        assert shared and all(cells == deepest for cells, deepest in shared), shared
+    finally:
+        b.close()

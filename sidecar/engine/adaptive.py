@@ -12,6 +12,12 @@ support class: an n-gram draft continuing a long verbatim match is not a short o
 t_step(n) is the measured time to decode n rows on the target. CostModel holds those times (and,
 where a GPU makes a batch of the previous decode's shape cheaper, t_same(n)), and the acceptance
 evidence per class, for all of a pair's requests.
+
+A pass also costs more the deeper the cache it attends over. On the padded SmolLM2 target on 2
+cores, 65 rows cost 1.12x, 1.37x and 1.51x their price on an empty cache at 400, 800 and 1,200
+cells, and one row 1.08x, 1.25x and 1.33x. The cold cache a draft model's passes leave behind
+costs nothing measurable (0.98-1.02x). So t_step is kept at one KV_BLOCK of depth and priced at
+the depth a round runs at (CostModel.depth).
 """
 
 from __future__ import annotations
@@ -27,11 +33,12 @@ from sidecar.engine.timing import Calibration
 class Step:
     """The rest of the step a sequence's round joins (engine.step): the sequence's own id, the rows
     the other sequences put in it as (sequence id, rows), and the tokens they are expected to make.
-    A lone sequence's step is empty."""
+    A lone sequence's step has no other rows, and its own stream's cells."""
 
     seq: int = 0
     rows: tuple[tuple[int, int], ...] = ()
     tokens: float = 0.0
+    cells: int = 0  # what its passes attend over before these rows: the deepest stream's cells
 
 
 ALONE = Step()
@@ -59,6 +66,14 @@ class SpeculativeConfig:
 SHARED_MIN, SHARED_MAX = 0.5, 3.0
 """The range a shared step's learnt cost factors (CostModel.shared, .beside) are held in: one decode
 a busy machine slowed must not price every shared step at ten times the curve."""
+
+KV_BLOCK = 256
+"""llama.cpp sizes the cache a pass attends over by its deepest stream's cells, padded to this
+(`llama_kv_cache::get_n_kv`, src/llama-kv-cache.cpp), so a pass's price rises a block at a time."""
+
+DEPTH_MAX = 0.5
+"""The most one more KV_BLOCK may add to a pass, as a share of its price at one block: what one-row
+steps at several depths say is held here, as SHARED_MAX holds the shared steps' factors."""
 
 NGRAM_N_MAX = 64
 """An n-gram pair's default n_max, llama.cpp's ngram-mod's: its drafts cost nothing to make, a
@@ -92,6 +107,14 @@ class CostModel(Calibration):
         # What a pass of one stream costs beside other sequences' rows over the curve's price
         # (a draft's rows deep into a request, which the curve, timed on an empty cache, prices low).
         self.beside = 1.0
+        # What one more KV_BLOCK of cache adds to a pass, as a share of its price at one block (where
+        # calibrate times the curve). t_step holds prices at one block, and a pass is priced at the
+        # depth it attends over (`_at`): a request's plain steps keep the one-row price current as
+        # it grows, but its wide rows run now and then, and a curve learnt at mixed depths priced
+        # them as on an empty cache (a hybrid's model rounds on the padded target: 1.14-1.29x).
+        # Learnt from one-row steps, which run at every depth (`_learn_depth`); 0 until some have.
+        self.depth = 0.0
+        self._plain_at: dict[int, float] = {}  # blocks -> a one-row step's seconds (moving average)
         # The pair's acceptance across requests (decayed) per (source, class) (planner.Key), so a
         # new request starts from what this draft has shown rather than from the prior, and a
         # known-bad draft is rarely probed.
@@ -104,9 +127,9 @@ class CostModel(Calibration):
         self._quiet: tuple[list[float], float, float] | None = None
         self.set_provisional(False)  # provisional: the load-time measurement looked disturbed (calibrate)
         self.calibration_seconds = 0.0
-        # (a step's others' rows, the curve priced by, their decode's price, (seq, n) -> what n rows
-        # add): a round prices many draft lengths, from each ready source, against one step.
-        self._others: tuple[object, object, float, dict[tuple[int, int], float]] = ((), None, 0.0, {})
+        # (a step's others' rows, its cells, the curve priced by, their decode's price, (seq, n) ->
+        # what n rows add): a round prices many draft lengths, from each ready source, against one step.
+        self._others: tuple[object, int, object, float, dict[tuple[int, int], float]] = ((), 0, None, 0.0, {})
 
     def age(self, factor: float = 0.9) -> None:
         """Fade every class's evidence a little (once per request): a class judged not to pay is
@@ -115,39 +138,44 @@ class CostModel(Calibration):
             ev[0] *= factor
             ev[1] *= factor
 
-    def _at(self, m: int) -> float:
-        """Seconds of one pass over m rows; wider than the measured curve: along its last slope."""
+    def _at(self, m: int, cells: int = 0) -> float:
+        """Seconds of one pass over m rows after `cells` (see `depth`); wider than the measured
+        curve: along its last slope."""
         t = self.t_step
         last = len(t) - 1
-        return t[m] if m <= last else t[last] + (m - last) * (t[last] - t[last - 1])
+        return (t[m] if m <= last else t[last] + (m - last) * (t[last] - t[last - 1])) * self._level(cells + m)
 
-    def batch(self, rows: Sequence[tuple[int, int]]) -> float:
+    def _level(self, cells: int) -> float:
+        """A pass attending over `cells` against one over a single KV_BLOCK."""
+        return 1.0 + self.depth * (blocks(cells) - 1)
+
+    def batch(self, rows: Sequence[tuple[int, int]], cells: int = 0) -> float:
         """Seconds of one decode holding several sequences' rows, `rows` as (sequence id, rows), in
-        the cheaper of its two layouts (`padded`)."""
-        return min(self._split(rows), self._padded(rows))
+        the cheaper of its two layouts (`padded`), after `cells` (Step.cells)."""
+        return min(self._split(rows, cells), self._padded(rows, cells))
 
-    def padded(self, rows: Sequence[tuple[int, int]]) -> bool:
+    def padded(self, rows: Sequence[tuple[int, int]], cells: int = 0) -> bool:
         """Whether the decode is cheaper with every sequence's rows padded to the widest of its run
         of consecutive ids, so each run is one pass (pad rows are copies of a sequence's pending
         token, never read and rolled back: engine.sequence). Where rows cost little next to a pass
         (a GPU) it is; on a CPU, where each row costs about as much as the pass's fixed part, a
         lone draft is cheaper in a pass of its own."""
-        return self._padded(rows) < self._split(rows)
+        return self._padded(rows, cells) < self._split(rows, cells)
 
-    def _split(self, rows: Sequence[tuple[int, int]]) -> float:
-        return self._price(passes(rows), several(rows))
+    def _split(self, rows: Sequence[tuple[int, int]], cells: int) -> float:
+        return self._price(passes(rows), several(rows), cells)
 
-    def _padded(self, rows: Sequence[tuple[int, int]]) -> float:
-        return self._price(padded_passes(rows), several(rows))
+    def _padded(self, rows: Sequence[tuple[int, int]], cells: int) -> float:
+        return self._price(padded_passes(rows), several(rows), cells)
 
-    def _price(self, layout: Sequence[tuple[int, int]], several: bool) -> float:
+    def _price(self, layout: Sequence[tuple[int, int]], several: bool, cells: int) -> float:
         """Seconds of a decode's passes, each (rows, KV streams it spans), `several`: the decode
         holds several sequences' rows. A pass over several streams costs `shared` times what the
         curve (one stream's rows) says, and a pass of one stream beside others `beside` times."""
         alone = self.beside if several else 1.0
-        return sum(self._at(m) * (self.shared if streams > 1 else alone) for m, streams in layout)
+        return sum(self._at(m, cells) * (self.shared if streams > 1 else alone) for m, streams in layout)
 
-    def observe_shared(self, rows: Sequence[tuple[int, int]], seconds: float) -> None:
+    def observe_shared(self, rows: Sequence[tuple[int, int]], seconds: float, cells: int = 0) -> None:
         """A decode of several sequences' rows, as (sequence id, rows) as decoded, took `seconds`:
         what its passes cost beyond the curve's price of their rows.
 
@@ -160,27 +188,30 @@ class CostModel(Calibration):
         time says nothing about one of its passes (one learnt factor for both read 2.7 where the
         shared passes' alone was 1.2)."""
         layout = passes(rows)
-        spanning = sum(self._at(m) for m, streams in layout if streams > 1)
-        alone = sum(self._at(m) for m, streams in layout if streams == 1)
+        spanning = sum(self._at(m, cells) for m, streams in layout if streams > 1)
+        alone = sum(self._at(m, cells) for m, streams in layout if streams == 1)
         if alone <= 0 < spanning:
             self.shared += self._smooth * (_bounded(seconds / spanning) - self.shared)
         elif alone > 0:
             self.beside += self._smooth * (_bounded((seconds - spanning * self.shared) / alone) - self.beside)
         else:  # nothing measured yet
             return
-        self._others = ((), None, 0.0, {})  # prices cached at the old factors
+        self._others = ((), 0, None, 0.0, {})  # prices cached at the old factors
 
     def added(self, n: int, step: Step | None = None) -> float:
         """Seconds that n rows add to a decode the other sequences of `step` already fill (see
-        `batch`): a sequence is priced by what it adds to a shared step. Alone: t_step(n)."""
-        if step is None or not step.rows:
+        `batch`): a sequence is priced by what it adds to a shared step. Alone: t_step(n) at its depth."""
+        if step is None:
             return self._at(n)
-        if self._others[0] is not step.rows or self._others[1] is not self.t_step:
-            self._others = (step.rows, self.t_step, self.batch(step.rows), {})
-        _, _, others, added = self._others
+        if not step.rows:
+            return self._at(n, step.cells)
+        o = self._others
+        if o[0] is not step.rows or o[1] != step.cells or o[2] is not self.t_step:
+            self._others = o = (step.rows, step.cells, self.t_step, self.batch(step.rows, step.cells), {})
+        _, _, _, others, added = o
         got = added.get((step.seq, n))
         if got is None:
-            got = added[(step.seq, n)] = self.batch((*step.rows, (step.seq, n))) - others
+            got = added[(step.seq, n)] = self.batch((*step.rows, (step.seq, n)), step.cells) - others
         return got
 
     def shares(self, n: int, step: Step, seconds: float) -> tuple[float, float, float]:
@@ -192,12 +223,12 @@ class CostModel(Calibration):
         llama.cpp times the decode as one sum, so prices split it. A sequence whose stream fills
         the gap between two others' merges their passes, so by price its rows may add less than
         nothing; a share is never below zero."""
-        total = self.batch((*step.rows, (step.seq, n)))
+        total = self.batch((*step.rows, (step.seq, n)), step.cells)
         if total <= 0:
             return seconds, 0.0, 0.0
         scale = seconds / total
         plain = self.added(1, step)
-        per_token = scale * (self.batch(step.rows) + plain) / (step.tokens + 1.0)
+        per_token = scale * (self.batch(step.rows, step.cells) + plain) / (step.tokens + 1.0)
         return max(0.0, scale * self.added(n, step)), max(0.0, scale * plain), per_token
 
     def observe_acceptance(self, key: tuple[str, int], drafted: int, accepted: int) -> None:
@@ -212,8 +243,8 @@ class CostModel(Calibration):
         self._smooth = 0.5 if provisional else 0.2
         self._observed: set[int] = set()  # batch sizes decoded since it turned provisional
 
-    def observe_step(self, n: int, seconds: float, same: bool = False) -> None:
-        """A decode of n rows took `seconds`; `same`: right after a decode of n rows.
+    def observe_step(self, n: int, seconds: float, same: bool = False, cells: int = 0) -> None:
+        """A decode of n rows after `cells` took `seconds`; `same`: right after a decode of n rows.
 
         A provisional curve was measured on a busy machine (or is the prior scaled to one step):
         its level is what is wrong, not its shape. So while it is provisional, a one-row step moves
@@ -223,7 +254,11 @@ class CostModel(Calibration):
         table = self.t_same if same and n > 1 and self.t_same else self.t_step
         if n >= len(table):
             return
-        self._others = ((), None, 0.0, {})  # prices cached against the old curve
+        self._others = ((), 0, None, 0.0, {})  # prices cached against the old curve
+        if table is self.t_step:
+            if n == 1:
+                self._learn_depth(cells + 1, seconds)
+            seconds /= self._level(cells + n)  # t_step is kept at one block
         old = table[n]
         table[n] = self._ewma(old, seconds)
         if self.provisional and table is self.t_step:
@@ -234,6 +269,23 @@ class CostModel(Calibration):
                     if m not in self._observed:
                         table[m] *= scale
 
+    def _learn_depth(self, cells: int, seconds: float) -> None:
+        """A one-row step attending over `cells` took `seconds`: `depth` is the slope, per block, of
+        those steps' moving averages at each depth against one block's (least squares).
+
+        Where prices are asked at a depth they were learnt at, the slope cancels out (they are
+        stored divided by the level they are priced at), so a slope that also holds a change in
+        the machine's speed between depths errs only where a price is carried to another depth.
+        One row's slope is below a wide pass's on a CPU (above); the wide rows' own rounds
+        correct what is left, as they corrected the whole of it before."""
+        b = blocks(cells)
+        self._plain_at[b] = self._ewma(self._plain_at.get(b, 0.0), seconds)
+        base = self._plain_at.get(1, 0.0)
+        deeper = [(k - 1, t / base - 1.0) for k, t in self._plain_at.items() if k > 1] if base > 0 else []
+        if deeper:
+            slope = sum(x * y for x, y in deeper) / sum(x * x for x, _ in deeper)
+            self.depth = min(DEPTH_MAX, max(0.0, slope))
+
     def anchor(self) -> None:
         """Keep the prices as measured at load, as shares of its one-row step, to price probes by.
 
@@ -243,9 +295,12 @@ class CostModel(Calibration):
         the one-row step alone, and a draft priced out never ran to correct the rest: its model
         stayed off for four requests. A probe is the measurement that corrects it, so it is priced
         at the cheaper of the learnt prices and the load's at today's one-row step (probe_seconds),
-        and one that finds the draft at under half its learnt price restarts from the load's."""
+        and one that finds the draft at under half its learnt price restarts from the load's.
+        Its one-row step is also the one-block step that `depth` is learnt against."""
         if (t1 := self.t_step[1]) > 0:
             self._quiet = ([t / t1 for t in self.t_step], self.t_draft / t1, self.t_catchup / t1)
+            if not self.provisional:  # the one-row step at one block (calibrate), quiet
+                self._plain_at.setdefault(1, t1)
 
     def probe_seconds(self, k: int, lag: int) -> float:
         """What a probe drafting k tokens costs, `lag` tokens behind: the rows past a plain step's,
@@ -260,7 +315,7 @@ class CostModel(Calibration):
         prices are a disturbance's, and they restart from the load's (anchor) at today's step."""
         if self._quiet is not None and draft_seconds < 0.5 * self.t_draft:
             self.t_step[:], self.t_draft, self.t_catchup = self._at_load()
-            self._others = ((), None, 0.0, {})  # prices cached against the old curve
+            self._others = ((), 0, None, 0.0, {})  # prices cached against the old curve
 
     def _at_load(self) -> tuple[list[float], float, float]:
         """The load's t_step, t_draft and t_catchup (anchor) at today's one-row step."""
@@ -282,6 +337,11 @@ class CostModel(Calibration):
         """t_step(n) / t_step(1) for n = 1.., the relative cost of verifying n rows."""
         one = self.t_step[1] or 1.0
         return [t / one for t in self.t_step[1:]]
+
+
+def blocks(cells: int) -> int:
+    """The KV_BLOCKs a pass over `cells` attends over (one at least)."""
+    return -(-max(cells, 1) // KV_BLOCK)
 
 
 def _bounded(factor: float) -> float:

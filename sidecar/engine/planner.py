@@ -232,7 +232,7 @@ class Plan:
         if t[1] <= 0:
             return 0, 1, 0.0, 0.0
         src = self.sources[i]
-        shared, others = cost.batch(step.rows), step.tokens
+        shared, others = cost.batch(step.rows, step.cells), step.tokens
         plain = (others + 1.0) / (shared + cost.added(1, step))
         need = (1.0 if self._last == self._key(i, support) else self.config.min_gain) * plain
         t_d = cost.t_draft if src.has_cost else 0.0
@@ -318,7 +318,7 @@ class Plan:
             # cover waits at most what the catch-up costs.
             if ki and self.sources[i].has_cost and self._last != self._key(i, support):
                 share = 1.0 - self.tally.free_tokens / produced if produced >= 32 else 1.0
-                plain = (step.tokens + 1.0) / (self.cost.batch(step.rows) + self.cost.added(1, step))
+                plain = (step.tokens + 1.0) / (self.cost.batch(step.rows, step.cells) + self.cost.added(1, step))
                 gain = 1.0 / plain - 1.0 / rate
                 catchup = self.sources[i].lag() * self.cost.t_catchup
                 # The rental's price is the catch-up when it started: every plain step it holds
@@ -400,14 +400,14 @@ class Plan:
 
     def record(self, rnd: Round, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,
                produced: int, step_seconds: float | None = None, caught_up: int = 0, rows: int = 0,
-               observe: bool = True, plain_seconds: float | None = None) -> None:
+               observe: bool = True, plain_seconds: float | None = None, step: Step = ALONE) -> None:
         """Account one round as decided (`rnd`) and as it went: `drafted` tokens (0: a plain step;
         a drafter may propose fewer than rnd.k), `accepted` of them. step_seconds: drafting without
         catch-up, which prefilled `caught_up` tokens. rows: the batch decoded (drafted + 1 unless
         padded). observe: `verify_seconds` timed these rows alone (in a shared step it timed the
         other sequences' rows too, and teaches the cost model nothing). plain_seconds: in a shared
         step, what the round's tokens had cost stepping plain there (CostModel.shares); alone,
-        a one-row step each."""
+        a one-row step each. step: the step the round was decided for (its depth, Step.cells)."""
         rows = rows or drafted + 1
         # A lone probe corrects a disturbance's prices; in a shared step its draft's time is a share
         # of the drafts made with it (drafters.propose_together), which says nothing of a lone draft.
@@ -418,7 +418,7 @@ class Plan:
         self._since_batch = self._since_batch + 1 if drafted == 0 else 0
         self._prev_rows = rows
         if observe and (drafted or warm):  # the plain steps just after a batch are t_switch's, not t_step[1]'s
-            self.cost.observe_step(rows, verify_seconds, same)
+            self.cost.observe_step(rows, verify_seconds, same, step.cells)
         if step_seconds is not None:
             self.cost.observe_catchup(caught_up, draft_seconds - step_seconds)
         probing = self.probing
@@ -440,7 +440,7 @@ class Plan:
         self.cost.observe_draft(drafted, draft)
         # A catch-up prefill is paid once, when drafting starts; whether to go on drafting must
         # not count it (it would stop drafting just as the investment starts to pay).
-        plain = (accepted + 1) * self.cost.t_step[1] if plain_seconds is None else plain_seconds
+        plain = (accepted + 1) * self.cost.added(1, step) if plain_seconds is None else plain_seconds
         self._judge(src.name, accepted + 1, draft + verify_seconds + (self.cost.t_switch if warm else 0.0), plain,
                     produced)
 

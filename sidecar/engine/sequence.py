@@ -335,7 +335,7 @@ class Sequence:
         self.kv_len = len(tokens) + m  # keep the pending token and the accepted drafts
         self.plan.record(pending.round, len(draft), m, proposal.seconds, seconds, len(out),
                          proposal.step_seconds, proposal.caught_up, pending.batch, observe=alone,
-                         plain_seconds=None if alone else plain_row + m * per_token)
+                         plain_seconds=None if alone else plain_row + m * per_token, step=pending.step)
         items: list[Item] = []
         for row, tok in enumerate((*draft[:m], nxt)):
             if self.weights.is_eog(tok):

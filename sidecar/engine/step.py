@@ -153,6 +153,10 @@ class StepLoop:
         out: list[tuple[Sequence, list[Item] | BaseException]] = []
         ids = [s for s in sorted(self.running) if not skip(self.running[s])]
         decoding = [s for s in ids if not self.running[s].prefilling]
+
+        def deepest(sids: abc.Iterable[int]) -> int:
+            """The cells a pass over these streams attends over: llama.cpp sizes it by the deepest."""
+            return max((len(target.held(s)) for s in sids), default=0)
         # The rows every sequence puts in the step: decided in id order against the others'.
         planned: dict[int, int] = {s: 1 for s in decoding}
         tokens: dict[int, float] = {s: 1.0 for s in decoding}
@@ -173,12 +177,14 @@ class StepLoop:
                     room = target.n_batch - sum(planned.values())
                     if room < MIN_CHUNK and planned:
                         continue  # no room in this step: the prompt goes on in the next
-                    want = seq.rows(budget=min(self._chunk(sid, seq, planned) if planned else room, room))
+                    chunk = self._chunk(sid, seq, planned, deepest([*planned, sid])) if planned else room
+                    want = seq.rows(budget=min(chunk, room))
                     if want is not None:
                         planned[sid] = len(want.tokens)
                 else:
                     others = tuple((s, n) for s, n in planned.items() if s != sid)
-                    want = seq.rows(Step(sid, others, sum(v for s, v in tokens.items() if s != sid)))
+                    joins = Step(sid, others, sum(v for s, v in tokens.items() if s != sid), deepest([*planned, sid]))
+                    want = seq.rows(joins)
                     if want is not None:
                         planned[sid] = len(want.tokens) if isinstance(want, Rows) else want.k + 1
                         tokens[sid] = seq.expect
@@ -204,8 +210,9 @@ class StepLoop:
         if not parts:
             return out
         batch = [(sid, list(rows.tokens), rows.logits) for sid, rows in parts]
+        cells = deepest(sid for sid, _ in parts)
         widths = [(sid, len(tokens)) for sid, tokens, _ in batch]
-        if all(rows.logits for _, rows in parts) and self.running[parts[0][0]].cost.padded(widths):
+        if all(rows.logits for _, rows in parts) and self.running[parts[0][0]].cost.padded(widths, cells):
             room = {sid: target.n_ctx - len(target.held(sid)) for sid, _ in parts}
             padded = pad_widths(widths, room, target.n_batch)
             for sid, tokens, _ in batch:
@@ -219,11 +226,11 @@ class StepLoop:
                 self._leave(sid)
             return out
         seconds = time.perf_counter() - t
-        self._learn_chunks(parts, seconds)
+        self._learn_chunks(parts, seconds, cells)
         if len(parts) > 1 and all(rows.logits for _, rows in parts):
             decoded = [(sid, len(tokens)) for sid, tokens, _ in batch]
             for cost in {id(m): m for m in (self.running[sid].cost for sid, _ in parts)}.values():
-                cost.observe_shared(decoded, seconds)
+                cost.observe_shared(decoded, seconds, cells)
         self.stats.steps += 1
         self.stats.rows += sum(len(rows.tokens) for _, rows in parts)
         alone = len(parts) == 1
@@ -262,21 +269,21 @@ class StepLoop:
         return [(sid, a if isinstance(a, Rows) else drafted[sid]) for sid, a in asked
                 if isinstance(a, Rows) or sid in drafted]
 
-    def _chunk(self, sid: int, seq: Sequence, planned: dict[int, int]) -> int:
+    def _chunk(self, sid: int, seq: Sequence, planned: dict[int, int], cells: int) -> int:
         """How much of a prompt a step that others decode in may take (module docstring): what
         adds PREFILL_SHARE times the decoding rows' cost, at the price its earlier chunks showed
         (before any, the verify curve's price of a row)."""
         cost = seq.cost
         rows = tuple(planned.items())
-        budget = PREFILL_SHARE * cost.batch(rows)
+        budget = PREFILL_SHARE * cost.batch(rows, cells)
         if budget <= 0:
             return seq.n_batch
         per_token = self._chunking.setdefault(sid, _Chunking()).per_token
         if per_token <= 0:
-            per_token = cost.added(MIN_CHUNK, Step(sid, rows)) / MIN_CHUNK
+            per_token = cost.added(MIN_CHUNK, Step(sid, rows, cells=cells)) / MIN_CHUNK
         return max(MIN_CHUNK, min(seq.n_batch, int(budget / per_token))) if per_token > 0 else seq.n_batch
 
-    def _learn_chunks(self, parts: list[tuple[int, Rows]], seconds: float) -> None:
+    def _learn_chunks(self, parts: list[tuple[int, Rows]], seconds: float, cells: int) -> None:
         """What the prompt chunks of a step with decoding rows added: the step's seconds beyond
         the decoding rows' price (by the prompt's own cost model, the one `_chunk` budgets with),
         shared among the chunks by their tokens."""
@@ -286,7 +293,7 @@ class StepLoop:
             return
         total = sum(n for _, n in chunks)
         for sid, n in chunks:
-            extra = seconds - self.running[sid].cost.batch(decoding)
+            extra = seconds - self.running[sid].cost.batch(decoding, cells)
             self._chunking.setdefault(sid, _Chunking()).observe(n, extra * n / total)
 
     def _leave(self, sid: int) -> None:
