@@ -299,8 +299,10 @@ class CostModel(Calibration):
         Its one-row step is also the one-block step that `depth` is learnt against."""
         if (t1 := self.t_step[1]) > 0:
             self._quiet = ([t / t1 for t in self.t_step], self.t_draft / t1, self.t_catchup / t1)
-            if not self.provisional:  # the one-row step at one block (calibrate), quiet
-                self._plain_at.setdefault(1, t1)
+            # The one-row step at one block (calibrate times it on a fresh cache), even where the
+            # curve is provisional (a wide curve whose sizes did not all fit the budget); on a busy
+            # machine it is the fastest of a few steps, and too high a base prices depth at 0.
+            self._plain_at.setdefault(1, t1)
 
     def probe_seconds(self, k: int, lag: int) -> float:
         """What a probe drafting k tokens costs, `lag` tokens behind: the rows past a plain step's,
