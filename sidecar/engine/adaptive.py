@@ -104,8 +104,8 @@ class CostModel(Calibration):
         # batch (SmolLM2 on 2 cores: four streams' plain rows 3.1 one-row steps, against 2.5 for
         # four rows of one). Learnt from shared steps (observe_shared); 1 until one ran.
         self.shared = 1.0
-        # What a pass of one stream costs beside other sequences' rows over the curve's price
-        # (a draft's rows deep into a request, which the curve, timed on an empty cache, prices low).
+        # What a pass of one stream costs beside other sequences' rows over the curve's price at
+        # the step's depth (a draft's rows past the others', which a shared step's cache slows).
         self.beside = 1.0
         # What one more KV_BLOCK of cache adds to a pass, as a share of its price at one block (where
         # calibrate times the curve). t_step holds prices at one block, and a pass is priced at the
@@ -182,11 +182,10 @@ class CostModel(Calibration):
         llama.cpp times the decode as one sum over its passes, so each factor is learnt where it
         can be told apart: `shared` from decodes whose every pass spans several streams (every
         sequence's plain row, or drafts padded to one width); `beside` from those with passes of
-        one stream too (a draft's rows past the others'), given `shared`. The curve prices a wide
-        pass of one stream from an empty cache (calibrate), below what it costs deep into a
-        request; a lone sequence's rounds correct the curve as they go, but a shared step's
-        time says nothing about one of its passes (one learnt factor for both read 2.7 where the
-        shared passes' alone was 1.2)."""
+        one stream too (a draft's rows past the others'), given `shared`. Both are over the
+        curve's price at the step's depth (`cells`, the deepest stream's); a lone sequence's
+        rounds correct the curve as they go, but a shared step's time says nothing about one of
+        its passes (one learnt factor for both read 2.7 where the shared passes' alone was 1.2)."""
         layout = passes(rows)
         spanning = sum(self._at(m, cells) for m, streams in layout if streams > 1)
         alone = sum(self._at(m, cells) for m, streams in layout if streams == 1)
