@@ -352,6 +352,33 @@ def test_copying_drafts_from_ngram_and_inventing_from_the_model(
             assert model_drafted > ngram_drafted and model_rounds > 0
 
 
+def test_in_a_models_round_a_free_source_learns_what_it_would_have_drafted(
+        smollm2_engines: tuple[Weights, Context, Context], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rounds a model drafts still give the n-gram evidence: in each one the n-gram is asked
+    what it would have drafted (a lookup; here one-token matches, which a story has in most
+    places), and the verify shows how much of it held. Without it a hybrid's n-gram learnt nothing
+    while its model drafted, and priced the next request's copies from fewer rounds than n-gram
+    alone had. The output stays the target's."""
+    w, ctx, dctx = smollm2_engines
+    prompt = chat(w, STORY)
+    plain = generate(ctx, None, prompt, 96)
+    learnt: list[tuple[int, int, int]] = []
+    learn = Plan.learn
+
+    def spy(self: Plan, i: int, support: Support, drafted: int, accepted: int) -> None:
+        learnt.append((i, drafted, accepted))
+        learn(self, i, support, drafted, accepted)
+
+    monkeypatch.setattr(Plan, "learn", spy)
+    ngram, model = Counted(NgramDrafter(1, 4)), Counted(ModelDrafter(dctx))
+    spec = generate(ctx, HybridDrafter([ngram, model]), prompt, 96, n_max=12)
+    assert spec.tokens == plain.tokens
+    assert model.calls and set(model.calls) <= set(ngram.calls)  # asked in every model round
+    ngram_rounds = spec.draft_rounds - len(model.calls)
+    from_ngram = [(d, a) for i, d, a in learnt if i == 0]
+    assert len(from_ngram) > ngram_rounds and all(0 <= a <= d for d, a in from_ngram)
+
+
 # -- the suffix cache learns finished requests --------------------------------------------------
 
 

@@ -428,7 +428,7 @@ class Plan:
                 probing.backoff //= 2
             return
         src = self.sources[rnd.source]
-        self._learn(rnd.source, rnd.support, drafted, accepted)
+        self.learn(rnd.source, rnd.support, drafted, accepted)
         if not src.has_cost:
             self.tally.free_tokens += accepted + 1
         self.tally.add(src.name, drafted, accepted)
@@ -474,9 +474,10 @@ class Plan:
         p.rounds = 0
         p.tokens = p.seconds = p.plain = 0.0
 
-    def _learn(self, i: int, support: Support, drafted: int, accepted: int) -> None:
+    def learn(self, i: int, support: Support, drafted: int, accepted: int) -> None:
         """Evidence from a draft whose first `accepted` tokens held: for each token's class (see
-        Support.along) the tokens that held, and the one that did not, if one did not."""
+        Support.along) the tokens that held, and the one that did not, if one did not. Also what a
+        free source would have drafted in a model's round (engine.sequence, shadows)."""
         if support.along is None:
             parts = [(self._key(i, support), drafted, accepted)]
         else:

@@ -149,6 +149,7 @@ class _Pending:
     proposal: Proposal
     batch: int
     step: Step  # the rest of the decode it joined
+    shadows: list[tuple[int, Proposal]]  # (source, draft) a free source would have made (_shadows)
 
 
 class Sequence:
@@ -218,7 +219,7 @@ class Sequence:
         self.pending: list[TokenLogprob] = []  # logprobs of tokens whose text is not out yet
         self.limit = req.num_predict if req.num_predict >= 0 else float("inf")
         self._round: _Pending | None = None
-        self._asked: tuple[Round, Step, tuple[int, int] | None] | None = None
+        self._asked: tuple[Round, Step, tuple[int, int] | None, list[tuple[int, Proposal]]] | None = None
         self.expect = 1.0  # tokens the round asked for is expected to emit
         if not self._rest:
             self._prefilled()
@@ -264,30 +265,41 @@ class Sequence:
         live = self.grammar if self.trigger is None or self.trigger.fired else None
         rnd = self.plan.decide(len(out), self.limit - len(out), room, step)
         self.expect = self.plan.expected(rnd)
+        proposal, shadows = Proposal(), []
         if rnd.k > 0 and drafter:
             source = drafter.sources[rnd.source]
+            shadows = self._shadows(rnd, live) if source.has_cost else []
             if isinstance(source, ModelDrafter):  # drafted with the other sequences' (engine.step)
-                self._asked = (rnd, step, shift)
+                self._asked = (rnd, step, shift, shadows)
                 return Ask(source, tokens, rnd.k, live)
             proposal = drafter.propose(rnd.source, tokens, rnd.k, live)
-        else:
-            proposal = Proposal()
-        return self._rows(rnd, proposal, step, shift)
+        return self._rows(rnd, proposal, step, shift, shadows)
 
     def drafted(self, proposal: Proposal) -> Rows:
         """The rows for the round `rows` asked a model draft for (an `Ask`), now drafted."""
         assert self._asked is not None
-        (rnd, step, shift), self._asked = self._asked, None
-        return self._rows(rnd, proposal, step, shift)
+        (rnd, step, shift, shadows), self._asked = self._asked, None
+        return self._rows(rnd, proposal, step, shift, shadows)
 
-    def _rows(self, rnd: Round, proposal: Proposal, step: Step, shift: tuple[int, int] | None) -> Rows:
+    def _shadows(self, rnd: Round, live: Grammar | None) -> list[tuple[int, Proposal]]:
+        """What each free source would have drafted in the model's round `rnd` (a lookup costs
+        nothing): its verify shows how much of that held, evidence for the free source's classes.
+        Without it a request the model covers (code) teaches a hybrid's n-gram nothing, and its
+        next copying request priced a long match from fewer rounds than n-gram alone had (README,
+        `draft: auto`)."""
+        assert self.drafter is not None
+        return [(i, p) for i, s in enumerate(self.drafter.sources) if i != rnd.source and not s.has_cost
+                if (p := self.drafter.propose(i, self.tokens, rnd.k + 1, live)).tokens]
+
+    def _rows(self, rnd: Round, proposal: Proposal, step: Step, shift: tuple[int, int] | None,
+              shadows: list[tuple[int, Proposal]]) -> Rows:
         tokens = self.tokens
         draft = proposal.tokens[: rnd.k]
         batch = [tokens[-1], *draft]
         width = min(rnd.rows, self.n_ctx - self.kv_len)  # the stretch's shape (module docstring), within the window
         if draft and width > len(batch):
             batch += [tokens[-1]] * (width - len(batch))
-        self._round = _Pending(rnd, draft, proposal, len(batch), step)
+        self._round = _Pending(rnd, draft, proposal, len(batch), step, shadows)
         return Rows(batch, shift=shift)
 
     def full(self) -> None:
@@ -333,6 +345,11 @@ class Sequence:
         finally:
             states.close()
         self.kv_len = len(tokens) + m  # keep the pending token and the accepted drafts
+        held = [*draft[:m], nxt]  # the target's tokens, as far as this round shows them
+        for i, shadow in pending.shadows:
+            known = min(len(shadow.tokens), len(held))
+            agree = next((j for j in range(known) if shadow.tokens[j] != held[j]), known)
+            self.plan.learn(i, shadow.support, known, agree)
         self.plan.record(pending.round, len(draft), m, proposal.seconds, seconds, len(out),
                          proposal.step_seconds, proposal.caught_up, pending.batch, observe=alone,
                          plain_seconds=None if alone else plain_row + m * per_token, step=pending.step)
