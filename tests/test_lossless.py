@@ -21,10 +21,9 @@ import pytest
 from sidecar.engine.adaptive import CostModel, SpeculativeConfig
 from sidecar.engine.decoder import Decoder, Request, Result
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
-from sidecar.engine.kernels import build_warnings, repack_is_exact
+from sidecar.engine.kernels import build_warnings, file_type, repack_is_exact
 from sidecar.engine.llama import Context, ContextParams, Weights, system_info
 from sidecar.engine.sampling import SamplingParams
-from sidecar.models.gguf import file_type
 from tests.stats import chi_square_same_distribution
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -128,8 +127,9 @@ def test_a_k_quant_scores_a_token_alone_as_inside_a_batch(smollm2: Path, tmp_pat
     p = llama_cpp.llama_model_quantize_default_params()
     p.ftype, p.allow_requantize, p.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, True, 2
     assert llama_cpp.llama_model_quantize(str(smollm2).encode(), str(out).encode(), ctypes.byref(p)) == 0
-    assert file_type(out) == "Q4_K_M" and file_type(smollm2) == "Q4_1"  # as the registry and the probe read it
-    w = Weights(out, n_gpu_layers=0, file_type=file_type(out))
+    assert file_type(out) == "Q4_K_M" and file_type(smollm2) == "Q4_1"  # as every Weights reads it
+    assert file_type(tmp_path / "absent.gguf") is None  # the load itself then says why
+    w = Weights(out, n_gpu_layers=0)
     ctx = Context(w, ContextParams(n_ctx=256, n_batch=64))
     try:
         prefix = w.tokenize("The history of the bicycle", add_special=False, parse_special=False)

@@ -13,9 +13,13 @@ code for a batch than for one row, and sum in another order:
 
 from __future__ import annotations
 
+import ctypes
 import os
+from pathlib import Path
 
-os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+os.environ.setdefault("GGML_CPU_TILED_MM", "0")  # before llama_cpp loads ggml
+
+import llama_cpp as C
 
 # Build flags (system_info's "NAME = 1") of kernels that run only for batches.
 BATCH_ONLY_KERNELS = {"LLAMAFILE": "llamafile's sgemm", "AMX_INT8": "AMX-INT8"}
@@ -39,3 +43,27 @@ def repack_is_exact(file_type: str | None) -> bool:
     """Whether the repacked kernels are exact for weights of `general.file_type`'s name (measured:
     Q4_0 yes, Q4_K_M no); K-quants and IQ types load without them."""
     return not file_type or not (file_type.startswith("IQ") or "_K" in file_type)
+
+
+# general.file_type's names, from llama.cpp's own enum (LLAMA_FTYPE_MOSTLY_Q4_K_M is "Q4_K_M").
+FILE_TYPES = {v: k.split("_", 3)[-1] for k, v in vars(C).items()
+              if k.startswith(("LLAMA_FTYPE_MOSTLY_", "LLAMA_FTYPE_ALL_"))}
+
+
+def file_type(path: str | Path) -> str | None:
+    """`general.file_type`'s name ("Q4_K_M"), as llama.cpp reads the file's header (a vocabulary-only
+    load reads no weights). Every Weights asks it, so the kernels a load gets are the file's to decide
+    (repack_is_exact) and no caller can forget to. None when the file does not say, or llama.cpp
+    cannot read it (the full load then says why). Weights has set up llama.cpp's logging first."""
+    params = C.llama_model_default_params()
+    params.vocab_only = True
+    model = C.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        return None
+    try:
+        buf = ctypes.create_string_buffer(32)
+        if C.llama_model_meta_val_str(model, b"general.file_type", buf, len(buf)) <= 0:
+            return None
+        return FILE_TYPES.get(int(buf.value)) if buf.value.isdigit() else None
+    finally:
+        C.llama_model_free(model)

@@ -22,7 +22,7 @@ from pathlib import Path
 import llama_cpp as C
 import numpy as np
 
-from sidecar.engine.kernels import repack_is_exact
+from sidecar.engine.kernels import file_type, repack_is_exact
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -96,16 +96,15 @@ class VocabInfo:
 
 
 class Weights:
-    """One GGUF loaded once (mmap) and shared by every Context and pair that uses it. On the CPU a
-    `file_type` (general.file_type's name) whose repacked kernels are not exact loads without them."""
+    """One GGUF loaded once (mmap) and shared by every Context and pair that uses it. On the CPU a file
+    whose `file_type` has repacked kernels that are not exact loads without them."""
 
-    def __init__(self, path: str | Path, *, n_gpu_layers: int = -1, use_mmap: bool = True,
-                 file_type: str | None = None) -> None:
+    def __init__(self, path: str | Path, *, n_gpu_layers: int = -1, use_mmap: bool = True) -> None:
         _init_backend()
         self.path = Path(path)
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
-        params.use_extra_bufts = repack_is_exact(file_type) or (n_gpu_layers != 0 and gpu_offload_supported())
+        params.use_extra_bufts = (n_gpu_layers != 0 and gpu_offload_supported()) or repack_is_exact(file_type(path))
         if not use_mmap:
             params.load_mode = C.LLAMA_LOAD_MODE_NONE
         model = C.llama_model_load_from_file(str(self.path).encode(), params)

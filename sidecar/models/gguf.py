@@ -226,13 +226,3 @@ def read_header(path: str | Path, *, keep_strings: Collection[str] = (), tensors
 def read_metadata(path: str | Path, *, full: bool = False) -> dict[str, Any]:
     """The key/value metadata; long arrays as ArrayInfo unless `full`."""
     return read_header(path, keep_arrays=full).metadata
-
-
-def file_type(path: str | Path) -> str | None:
-    """`general.file_type`'s name ("Q4_K_M"), which decides the CPU kernels a load may use
-    (engine.kernels); None when the file does not say or cannot be read (llama.cpp says what is
-    wrong with a file when it loads it)."""
-    try:
-        return FILE_TYPES.get(read_metadata(path).get("general.file_type"))  # type: ignore[arg-type]
-    except (GGUFError, OSError):
-        return None

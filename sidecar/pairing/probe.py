@@ -57,7 +57,7 @@ from sidecar.engine.llama import Context, ContextParams, Weights, backend_id, de
 from sidecar.engine.sampling import SamplingParams
 from sidecar.engine.timing import prior_curve
 from sidecar.models.cache import FileCache
-from sidecar.models.gguf import GGUFError, file_type, read_header
+from sidecar.models.gguf import GGUFError, read_header
 from sidecar.pairing.costs import ServedCosts
 from sidecar.pairing.rules import check_pair
 from sidecar.storage import KeyedCache, cache_dir
@@ -223,8 +223,7 @@ def _prompt_tokens(weights: Weights, template: str | None, text: str, room: int)
 
 def load_target(path: Path, settings: ProbeSettings) -> LoadedTarget:
     with ExitStack() as stack:
-        # the kernels the daemon serves it with (engine.kernels), so the probe times and agrees as served
-        weights = Weights(path, n_gpu_layers=settings.n_gpu_layers, file_type=file_type(path))
+        weights = Weights(path, n_gpu_layers=settings.n_gpu_layers)
         stack.callback(weights.close)
         ctx = Context(weights, settings.context())
         stack.callback(ctx.close)
@@ -270,7 +269,7 @@ def measure(target: LoadedTarget, draft: Path, settings: ProbeSettings) -> Probe
 
     Raises IncompatibleDraft when the vocabularies do not pair, EngineError when llama.cpp refuses."""
     with ExitStack() as stack:
-        weights = Weights(draft, n_gpu_layers=settings.n_gpu_layers, file_type=file_type(draft))
+        weights = Weights(draft, n_gpu_layers=settings.n_gpu_layers)
         stack.callback(weights.close)
         check_pair(target.weights, weights)
         ctx = Context(weights, settings.context())

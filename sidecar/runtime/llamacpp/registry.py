@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.engine.llama import Weights, gpu_offload_supported
-from sidecar.models.gguf import file_type
 
 log = logging.getLogger("sidecar.runtime")
 
@@ -35,7 +34,7 @@ class WeightsRegistry:
             size = path.stat().st_size
             log.info("loading %s model %s (%.1f MiB)", role, path, size / 2**20)
             t0 = time.perf_counter()
-            w = Weights(path, n_gpu_layers=n_gpu_layers, file_type=file_type(path))
+            w = Weights(path, n_gpu_layers=n_gpu_layers)
             log.info(
                 "%s model loaded: %s in %.2fs, %d of %d layers on the GPU (%s)", role, path.name,
                 time.perf_counter() - t0, w.gpu_layers, w.n_layer + 1,
