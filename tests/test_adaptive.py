@@ -671,6 +671,25 @@ def test_a_drafts_later_tokens_are_priced_at_the_classes_it_grows_into() -> None
     assert grows.cost.evidence == {Key("draft", 1): [1.0, 0.0], Key("draft", 6): [2.0, 1.0]}
 
 
+def test_a_class_seen_first_starts_from_what_the_class_under_it_has_shown() -> None:
+    """A class with no evidence of its own is no worse than the classes under it (Support.under): a
+    copy that has held for a hundred tokens of a shorter match class is not priced back at the longer
+    class's static prior when it grows into it. Its own evidence still rules once it has some."""
+    c = cost(CPU)
+    c.evidence[Key("draft", 4)] = [100.0, 0.0]
+    p = Plan.start(SpeculativeConfig(), c, [Source()], -1)
+    alone = Support(cls=5, prior=0.5)
+    p.sources[0].support = lambda: alone
+    assert p.decide(0, INF, 100).k == 0
+    above = Support(cls=5, prior=0.5, under=(Support(cls=4, prior=0.9), Support(cls=3, prior=0.8)))
+    p.sources[0].support = lambda: above
+    rnd = p.decide(0, INF, 100)
+    assert rnd.k == 8  # all the table has
+    assert p.acceptance(rnd) == pytest.approx(p.acceptance(Round(support=Support(cls=4, prior=0.9))))
+    _record_rejections(p, 10, CPU, rnd)
+    assert p.acceptance(rnd) < 0.05 and p.decide(0, INF, 100).k == 0
+
+
 # -- batch shapes (CostModel.t_same) -------------------------------------------------------------
 
 # An H200 with CUDA graphs (README, "On a GPU"), in ms: any batch after another shape costs about

@@ -321,6 +321,10 @@ def test_support_classes_are_the_match_and_the_vote_and_ordered() -> None:
     # A lone earlier output, matched verbatim: the n-gram drafter's prior for the same match.
     assert SuffixDrafter.classify(16, 1, 1).prior == pytest.approx(NgramDrafter().propose(
         [*range(16), 99, *range(16)], 0).support.prior)
+    # Under each class, the ones it is no worse than: one match class shorter, one vote level lower
+    # (a repeated answer's classes climb a level per request; their evidence is not lost).
+    assert [u.cls for u in SuffixDrafter.classify(64, 3, 3).under] == [52, 61]
+    assert [u.cls for u in SuffixDrafter.classify(2, 10, 3).under] == [0]
 
 
 def test_finish_teaches_the_prompt_end_and_skips_cancelled_requests() -> None:

@@ -52,12 +52,19 @@ class Support:
     A draft's later tokens need not be of its first token's class: where classes measure a verbatim
     match, each drafted token that holds makes the match one longer, so a copy that has held for a
     while is priced as the long match it has become. `along(j)` is the class of the draft's token j
-    (j = 0: this one); None: every token is of this class."""
+    (j = 0: this one); None: every token is of this class.
+
+    `under` names the classes of the same source this one is no worse than: a shorter match, or
+    fewer earlier outputs agreeing. Classes split the evidence, and a class seen for the first time
+    (a copy that has run into a longer match class, or a suffix continuation one request better
+    established than the last) would start from its static prior though its lesser neighbours
+    have held for hundreds of tokens; the planner starts it from the best of theirs instead."""
 
     cls: int = 0  # the class within its source (the planner keys evidence by source and class)
     prior: float | None = None  # None: the pair's acceptance_prior
     ready: bool = True  # False: the drafter has nothing to propose here
     along: Callable[[int], Support] | None = field(default=None, compare=False)
+    under: tuple[Support, ...] = field(default=(), compare=False)
 
 
 NOTHING = Support(ready=False)
@@ -117,7 +124,8 @@ def match_support(match: int, cap: int) -> Support:
 
     Cached: the planner prices up to 64 tokens along each draft, every step, for every sequence."""
     c, prior = match_class(match, cap)
-    return Support(cls=c, prior=prior, along=lambda j: match_support(match + j, cap))
+    under = (match_support((1 << c) - 1, cap),) if c else ()
+    return Support(cls=c, prior=prior, along=lambda j: match_support(match + j, cap), under=under)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -167,12 +167,21 @@ class Plan:
 
     def _acceptance(self, i: int, s: Support, retry: bool = False) -> float:
         """Per-position acceptance of a class: its evidence, earlier requests' and this one's, over its
-        prior; in a retry (_retry), the prior at least."""
+        prior, or over what the classes just under it (Support.under) have shown where that is more;
+        in a retry (_retry), the prior at least. One level is where a request climbs to next: a copy
+        grows a match class at a time, and a repeated answer an agreement level per request."""
         c = self.config
-        succ, fail = self._evidence.get(self._key(i, s), (0.0, 0.0))
         prior = c.acceptance_prior if s.prior is None else s.prior
-        a = (succ + prior * c.prior_weight) / (succ + fail + c.prior_weight)
+        start = max([prior, *(self._posterior(i, u, c.acceptance_prior if u.prior is None else u.prior)
+                              for u in s.under)])
+        a = self._posterior(i, s, start)
         return max(a, prior) if retry else a
+
+    def _posterior(self, i: int, s: Support, prior: float) -> float:
+        """A class's evidence, earlier requests' and this one's, over a prior of the config's weight."""
+        succ, fail = self._evidence.get(self._key(i, s), (0.0, 0.0))
+        w = self.config.prior_weight
+        return (succ + prior * w) / (succ + fail + w)
 
     def _retry(self, i: int, s: Support) -> bool:
         """Whether a draft of this class may be retried: a free source's class that this request has

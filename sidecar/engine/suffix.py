@@ -430,17 +430,23 @@ class SuffixDrafter:
             agreeing, alive = cont.votes[j]
             return self.classify(cont.match + j, alive, agreeing)
 
-        return Support(cls=first.cls, prior=first.prior, along=along)
+        return Support(cls=first.cls, prior=first.prior, along=along, under=first.under)
 
     @staticmethod
     @functools.lru_cache(maxsize=4096)  # the planner prices up to 64 tokens along each draft, every step
     def classify(match: int, occurrences: int, agreeing: int) -> Support:
         """The support class of a continuation (see the class docstring)."""
-        c, copy = match_class(match, 64)
+        c = match_class(match, 64)[0]
         p = (agreeing + 1) / (occurrences + 2)
-        f = 2 if p >= 0.8 else 1 if p >= 0.6 else 0
-        prior = (copy / 2, copy, (1 + copy) / 2)[f]
-        return Support(cls=10 * c + f, prior=prior)
+        return SuffixDrafter._class(c, 2 if p >= 0.8 else 1 if p >= 0.6 else 0)
+
+    @staticmethod
+    @functools.lru_cache(maxsize=64)
+    def _class(c: int, f: int) -> Support:
+        """Class 10 * c + f; under it, one match class shorter and one agreement level lower."""
+        copy = match_class(1 << c, 64)[1]
+        under = tuple(SuffixDrafter._class(c1, f1) for c1, f1 in ((c - 1, f), (c, f - 1)) if c1 >= 0 and f1 >= 0)
+        return Support(cls=10 * c + f, prior=(copy / 2, copy, (1 + copy) / 2)[f], under=under)
 
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
         t0 = time.perf_counter()
