@@ -94,7 +94,6 @@ def test_support_classes_grow_with_the_match_up_to_its_cap() -> None:
     s = d.propose([*long, 0, *long], 0).support
     assert s.cls == 6  # capped at 64 tokens
     assert s.prior == pytest.approx(64 / 66)
-    assert [u.cls for u in s.under] == [5]  # no worse than a shorter match (planner.Plan._acceptance)
 
 
 def test_support_without_a_match_is_not_ready() -> None:
