@@ -167,21 +167,18 @@ class Plan:
 
     def _acceptance(self, i: int, s: Support, retry: bool = False) -> float:
         """Per-position acceptance of a class: its evidence, earlier requests' and this one's, over its
-        prior, or over what the classes just under it (Support.under) have shown where that is more;
-        in a retry (_retry), the prior at least. One level is where a request climbs to next: a copy
-        grows a match class at a time, and a repeated answer an agreement level per request."""
-        c = self.config
-        prior = c.acceptance_prior if s.prior is None else s.prior
-        start = max([prior, *(self._posterior(i, u, c.acceptance_prior if u.prior is None else u.prior)
-                              for u in s.under)])
-        a = self._posterior(i, s, start)
+        prior, or over the best that the classes just under it (Support.under) have shown; in a retry
+        (_retry), the prior at least."""
+        prior = self._prior(s)
+        a = self._posterior(i, s, max([prior, *(self._posterior(i, u, self._prior(u)) for u in s.under)]))
         return max(a, prior) if retry else a
 
+    def _prior(self, s: Support) -> float:
+        return self.config.acceptance_prior if s.prior is None else s.prior
+
     def _posterior(self, i: int, s: Support, prior: float) -> float:
-        """A class's evidence, earlier requests' and this one's, over a prior of the config's weight."""
         succ, fail = self._evidence.get(self._key(i, s), (0.0, 0.0))
-        w = self.config.prior_weight
-        return (succ + prior * w) / (succ + fail + w)
+        return (succ + prior * self.config.prior_weight) / (succ + fail + self.config.prior_weight)
 
     def _retry(self, i: int, s: Support) -> bool:
         """Whether a draft of this class may be retried: a free source's class that this request has
@@ -192,10 +189,8 @@ class Plan:
         with no evidence of this request's to revive it (bench/replay.py --shape prior). So where no
         draft pays on the evidence, a retry is priced at the prior of each class along it and
         drafts at most RETRY_TOKENS (decide); every other draft is priced on the evidence alone."""
-        c = self.config
-        prior = c.acceptance_prior if s.prior is None else s.prior
         return (not self.sources[i].has_cost and self._key(i, s) not in self._tried
-                and self._acceptance(i, s) < prior)
+                and self._acceptance(i, s) < self._prior(s))
 
     def _expected(self, i: int, support: Support, k_max: int, retry: bool = False) -> list[float]:
         """Expected tokens of a round drafting k = 0..k_max tokens of this support class (Leviathan
