@@ -47,7 +47,7 @@ def timed(ctx: Context, prompts: list[list[int]], rows_of_one: int = 0) -> float
     ts = []
     for i in range(STEPS):
         tok = 300 + i % 50
-        parts = [(0, [tok] * rows_of_one, True)] if rows_of_one else [(s, [tok], True) for s in range(len(prompts))]
+        parts = [(0, [tok] * rows_of_one, rows_of_one)] if rows_of_one else [(s, [tok], 1) for s in range(len(prompts))]
         t0 = time.perf_counter()
         ctx.decode_many(parts)
         ts.append(time.perf_counter() - t0)

@@ -352,6 +352,42 @@ def test_prompts_arriving_together_share_n_batch(weights: Weights) -> None:
         b.close()
 
 
+@pytest.mark.parametrize("ngram", [True, False], ids=["ngram", "plain"])
+def test_the_first_token_comes_from_the_chunk_that_ends_the_prompt(weights: Weights, ngram: bool) -> None:
+    """As Ollama and llama-server give it: the pass over the prompt's last chunk gives the first
+    token, before any draft (a copying request the n-gram drafter could draft for at once), and no
+    step decodes the prompt's last token alone (a plain request of 8 tokens takes 8 decodes). The
+    prompt's time runs to that first token (Ollama's startGenerationTime)."""
+    req = request(weights, 1 if ngram else 0, n=48 if ngram else 8)
+    want = solo(weights, req)
+    b = Batch(weights, 1, ngram=ngram)
+    widths: list[list[int]] = []
+    decode = b.ctx.decode_many
+
+    def counted(parts: list[tuple[int, list[int], int]], copy: bool = True) -> list[object]:
+        widths.append([len(t) for _, t, _ in parts])
+        return decode(parts, copy)  # type: ignore[return-value]
+
+    b.ctx.decode_many = counted  # type: ignore[method-assign]
+    try:
+        seq = b.add(0, req)
+        b.step()
+        assert widths == [[len(req.prompt)]] and seq.result.tokens == want.tokens[:1]
+        t_first = seq.result.prompt_seconds
+        assert t_first > 0
+        list(b.drain())
+        run = b.runs[0]
+        assert run.tokens == want.tokens and run.result is not None
+        assert run.result.prompt_seconds == t_first and run.result.eval_seconds > 0
+        if ngram:
+            assert run.result.draft_tokens > 0
+        else:
+            assert len(run.tokens) == 8 and len(widths) == 8
+    finally:
+        del b.ctx.decode_many
+        b.close()
+
+
 def test_drafts_fit_n_batch_beside_the_other_sequences(weights: Weights) -> None:
     """Two copying sequences whose drafts pay (a flat curve, n_max 12) on a context whose n_batch
     (8) holds less than one full round beside the other sequence's row: each draft is cut to what

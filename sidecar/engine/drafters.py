@@ -341,6 +341,6 @@ def _decode_draws(live: Sequence[_Draw]) -> list[np.ndarray]:
     views = [d.drafter.ctx for d in live]
     base = views[0].base if isinstance(views[0], SeqView) else None
     if base is not None and all(isinstance(v, SeqView) and v.base is base for v in views):
-        got = base.decode_many([(v.seq, [d.feed], True) for v, d in zip(views, live, strict=True)])  # type: ignore[union-attr,list-item]
+        got = base.decode_many([(v.seq, [d.feed], 1) for v, d in zip(views, live, strict=True)])  # type: ignore[union-attr,list-item]
         return [g[0] for g in got]  # type: ignore[index]
     return [d.drafter.ctx.decode([d.feed], rows=[0])[0] for d in live]  # type: ignore[list-item]

@@ -363,23 +363,25 @@ class Context:
         h.fresh = min(h.fresh, keep)
         return True
 
-    def _fill(self, parts: Sequence[tuple[int, Sequence[int], bool]]) -> int:
-        """Write the rows of `parts` ((seq, tokens, logits?)) into the batch; returns the row count."""
+    def _fill(self, parts: Sequence[tuple[int, Sequence[int], int]]) -> int:
+        """Write the rows of `parts` ((seq, tokens, read)) into the batch, logits asked for the last
+        `read` rows of each; returns the row count."""
         b = self._batch
         i = 0
-        for seq, tokens, want in parts:
+        for seq, tokens, read in parts:
             start = len(self._held[seq].tokens)
+            first_read = len(tokens) - read
             for j, tok in enumerate(tokens):
                 b.token[i] = tok
                 b.pos[i] = start + j
                 b.n_seq_id[i] = 1
                 b.seq_id[i][0] = seq
-                b.logits[i] = want
+                b.logits[i] = j >= first_read
                 i += 1
         b.n_tokens = i
         return i
 
-    def _run(self, parts: Sequence[tuple[int, Sequence[int], bool]]) -> None:
+    def _run(self, parts: Sequence[tuple[int, Sequence[int], int]]) -> None:
         n = self._fill(parts)
         rc = C.llama_decode(self.ctx, self._batch)
         if rc == 1:
@@ -401,7 +403,7 @@ class Context:
         if have + len(tokens) > self.n_ctx:
             raise ContextFull(f"{have + len(tokens)} tokens do not fit in {self.n_ctx}")
         for off in range(0, len(tokens), self.n_batch):
-            self._run([(seq, tokens[off : off + self.n_batch], False)])
+            self._run([(seq, tokens[off : off + self.n_batch], 0)])
 
     def decode(self, tokens: Sequence[int], rows: Sequence[int] | None = None, seq: int = 0) -> np.ndarray:
         """Append tokens to `seq` in ONE llama_decode and return the logits of `rows` (default: all).
@@ -410,7 +412,7 @@ class Context:
         draft, so len(tokens) must fit in n_batch."""
         n = len(tokens)
         if rows is None:
-            return self.decode_many([(seq, tokens, True)])[0]  # type: ignore[return-value]
+            return self.decode_many([(seq, tokens, n)])[0]  # type: ignore[return-value]
         if n > self.n_batch:
             raise EngineError(f"batch of {n} exceeds n_batch {self.n_batch}")
         have = len(self._held[seq].tokens)
@@ -418,7 +420,7 @@ class Context:
             raise ContextFull(f"{have + n} tokens do not fit in {self.n_ctx}")
         rows = sorted(rows)
         b = self._batch
-        self._fill([(seq, tokens, False)])
+        self._fill([(seq, tokens, 0)])
         for r in rows:
             b.logits[r] = True
         rc = C.llama_decode(self.ctx, b)
@@ -430,11 +432,13 @@ class Context:
         self._extend(seq, tokens)
         return self._logits(len(rows))
 
-    def decode_many(self, parts: Sequence[tuple[int, Sequence[int], bool]], copy: bool = True
+    def decode_many(self, parts: Sequence[tuple[int, Sequence[int], int]], copy: bool = True
                     ) -> list[np.ndarray | None]:
-        """One llama_decode over several sequences' rows: `parts` is (seq, tokens, logits?) each,
-        at most one part per sequence, appended after what that sequence holds. Returns per part
-        its rows' (len(tokens), n_vocab) logits, or None where none were asked for.
+        """One llama_decode over several sequences' rows: `parts` is (seq, tokens, read) each, at
+        most one part per sequence, appended after what that sequence holds, with logits for its
+        last `read` rows (all of them for a round, none for a prefill chunk, the last one for the
+        chunk that ends a prompt). Returns per part those rows' (read, n_vocab) logits, or None
+        where none were asked for.
 
         copy=False returns views of llama.cpp's logits buffer, valid only until the next decode on
         this context: for a caller that reads them at once (engine.step), a 65-row verification
@@ -447,15 +451,12 @@ class Context:
             if have + len(tokens) > self.n_ctx:
                 raise ContextFull(f"{have + len(tokens)} tokens do not fit in {self.n_ctx}")
         self._run(parts)
-        out = self._logits(sum(len(t) for _, t, want in parts if want), copy)
+        out = self._logits(sum(read for _, _, read in parts), copy)
         result: list[np.ndarray | None] = []
         at = 0
-        for _, tokens, want in parts:
-            if want:
-                result.append(out[at : at + len(tokens)])
-                at += len(tokens)
-            else:
-                result.append(None)
+        for _, _, read in parts:
+            result.append(out[at : at + read] if read else None)
+            at += read
         return result
 
     def _logits(self, rows: int, copy: bool = True) -> np.ndarray:

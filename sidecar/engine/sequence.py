@@ -11,10 +11,12 @@ the llama.cpp context they run on, belong to the step loop alone.
 A round with no draft is a plain target step, so target-only decoding is the same code path with
 k = 0; that is what makes speculative and plain output comparable token for token.
 
-Prompt handling is fixed so both paths see bit-identical numerics: the prompt minus its last token
-is prefilled in n_batch chunks (reusing any cached prefix), and the last prompt token is always
-decoded together with the first round's draft (or alone). The pending token (the last committed
-token, not yet in the KV cache) leads every verification batch.
+Prompt handling is the same on both paths: the prompt is prefilled in n_batch chunks (reusing any
+cached prefix), and the last row of the chunk that ends it gives the first token, a plain round, as
+in Ollama and llama-server: a streaming client sees it once the prompt is in, not after a first
+draft's verification. The prompt's time runs to that token and the generation's from it, as
+Ollama's runner counts them (runner/ollamarunner/runner.go, startGenerationTime). The pending
+token (the last committed token, not yet in the KV cache) leads every verification batch.
 
 Under a grammar (`format`) every row is masked with the grammar state it would have in plain
 decoding: row i of a draft with the state after draft tokens 0..i-1 (a clone walked along the
@@ -59,7 +61,7 @@ from sidecar.engine.grammar import Grammar
 from sidecar.engine.hybrid import HybridDrafter
 from sidecar.engine.llama import EngineError, Weights
 from sidecar.engine.logprobs import Logprobs, TokenLogprob, token_logprob
-from sidecar.engine.planner import Plan, Round
+from sidecar.engine.planner import PLAIN, Plan, Round
 from sidecar.engine.sampling import Sampler, SamplingParams
 from sidecar.engine.text import TextStream, Trigger
 from sidecar.engine.verify import verify_greedy, verify_rejection, verify_sample_and_match
@@ -121,12 +123,18 @@ Item = str | Logprobs | Result
 @dataclass(frozen=True)
 class Rows:
     """What a sequence needs scored next: `tokens`, decoded after the positions its KV cache keeps,
-    in one llama_decode; `logits`, whether their rows are read (a prefill chunk's are not); `shift`,
-    a (keep, discard) the step loop applies to the KV cache first (engine.window)."""
+    in one llama_decode; `logits`, whether their rows are read (a prefill chunk's are not, `first`
+    marks the one whose last row is); `shift`, a (keep, discard) the step loop applies first."""
 
     tokens: list[int]
     logits: bool = True
     shift: tuple[int, int] | None = None
+    first: bool = False  # the prefill chunk that ends the prompt: its last row gives the first token
+
+    @property
+    def read(self) -> int:
+        """How many rows, counted from the end, have their logits read."""
+        return len(self.tokens) if self.logits else int(self.first)
 
 
 @dataclass(frozen=True)
@@ -201,7 +209,7 @@ class Sequence:
         self.result.prompt_cached = keep
         # What is left to prefill, in chunks of at most n_batch from `keep` on (as
         # llama.Context.prefill chunks); a shared step may take less of it at a time (`rows`).
-        self._rest = prompt[keep:-1]
+        self._rest = prompt[keep:]
         self._taking = 0
         self.kv_len = keep
         self.sampler = Sampler(req.sampling, self.weights.n_vocab, self.n_ctx)
@@ -221,18 +229,13 @@ class Sequence:
         self._round: _Pending | None = None
         self._asked: tuple[Round, Step, tuple[int, int] | None, list[tuple[int, Proposal]]] | None = None
         self.expect = 1.0  # tokens the round asked for is expected to emit
-        if not self._rest:
-            self._prefilled()
+        self._t_gen: float | None = None  # when the first token came (module docstring)
         return keep
 
     @property
     def prefilling(self) -> bool:
-        """Whether the prompt is still being prefilled (its rows carry no logits)."""
+        """Whether the prompt is still being prefilled (its rows carry no logits but the last one's)."""
         return bool(self._rest)
-
-    def _prefilled(self) -> None:
-        self.result.prompt_seconds = time.perf_counter() - self._t0
-        self._t_gen = time.perf_counter()
 
     # -- a step --------------------------------------------------------------------------------
     def rows(self, step: Step = ALONE, budget: int | None = None) -> Rows | Ask | None:
@@ -246,7 +249,10 @@ class Sequence:
         if self._rest:
             n = min(len(self._rest), self.n_batch, budget or self.n_batch)
             self._taking = n
-            return Rows(self._rest[:n], logits=False)
+            last = n == len(self._rest)
+            if last:  # the chunk that ends the prompt: its last row gives the first token, a plain round
+                self._round = _Pending(PLAIN, [], Proposal(), n, step, [])
+            return Rows(self._rest[:n], logits=False, first=last)
         if self.done is not None:
             return None
         if self.cancelled():
@@ -314,9 +320,8 @@ class Sequence:
         if self._rest:
             del self._rest[: self._taking]
             self.kv_len += self._taking
-            if not self._rest:
-                self._prefilled()
-            return []
+            if self._rest:
+                return []
         assert logits is not None and self._round is not None
         pending, self._round = self._round, None
         draft, proposal = pending.draft, pending.proposal
@@ -380,6 +385,9 @@ class Sequence:
             if len(out) >= self.limit:
                 self.done = "length"
                 break
+        if self._t_gen is None:  # the first token: the prompt's time ends, the generation's begins
+            self._t_gen = time.perf_counter()
+            self.result.prompt_seconds = self._t_gen - self._t0
         return items
 
     def finish(self) -> list[Item]:
@@ -394,7 +402,10 @@ class Sequence:
                 items.append(Logprobs(tuple(self.pending)))
             if rest:
                 items.append(rest)
-        res.eval_seconds = time.perf_counter() - self._t_gen
+        now = time.perf_counter()
+        if self._t_gen is None:  # ended before its first token: all its time was the prompt's
+            res.prompt_seconds, self._t_gen = now - self._t0, now
+        res.eval_seconds = now - self._t_gen
         res.done_reason = done
         tally = plan.tally
         res.draft_tokens = tally.draft_tokens

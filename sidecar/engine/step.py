@@ -209,14 +209,14 @@ class StepLoop:
                 drop(sid, e)
         if not parts:
             return out
-        batch = [(sid, list(rows.tokens), rows.logits) for sid, rows in parts]
+        batch = [(sid, list(rows.tokens), rows.read) for sid, rows in parts]  # (stream, tokens, rows read)
         cells = deepest(sid for sid, _ in parts)
         widths = [(sid, len(tokens)) for sid, tokens, _ in batch]
         if all(rows.logits for _, rows in parts) and self.running[parts[0][0]].cost.padded(widths, cells):
             room = {sid: target.n_ctx - len(target.held(sid)) for sid, _ in parts}
             padded = pad_widths(widths, room, target.n_batch)
-            for sid, tokens, _ in batch:
-                tokens += [tokens[0]] * (padded[sid] - len(tokens))  # the pending token again: never read
+            # The pending token again, never read (logits are still asked of every row of a round).
+            batch = [(sid, tokens + [tokens[0]] * (padded[sid] - len(tokens)), padded[sid]) for sid, tokens, _ in batch]
         t = time.perf_counter()
         try:
             logits = target.decode_many(batch, copy=False)  # each sequence reads its rows before the next decode
