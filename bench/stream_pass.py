@@ -10,9 +10,16 @@ streams of the used cells, padded to 256). This times, in one process and altern
 - ``rows``: N rows of one sequence a step (what v(N) measures);
 - ``shallow``: N streams at prompt 0's depth, a row each;
 - ``bench``: N streams on bench/concurrency.py's prompts (stream i on prompt i mod 4), a row each:
-  the step the daemon runs at concurrency N.
+  the step the daemon runs at concurrency N;
+- ``unified``: the same rows in one pool for every sequence (``kv_unified``, the layout of
+  llama-server's ``-kvu``, which bench/concurrency.py runs it with): the step llama-server runs at
+  concurrency N. Its attention spans every sequence's cells (masked), not the deepest stream's,
+  and its batch is one pass; the daemon gives that up so that a sequence's logits do not depend
+  on where the others' cells sit (README, "Why one stream per sequence").
 
-Each for 128 steps from its prompt(s), median ms per step, and each as one-row steps (/ ``one``).
+Each for 128 steps from its prompt(s), median ms per step, and each as one-row steps (/ ``one``);
+then ``bench / unified``, per repetition: what the streams cost the daemon's plain step against
+llama-server's at the same N.
 
     .venv/bin/python bench/stream_pass.py [--n 4] [--reps 3] [--threads 2]
 """
@@ -64,6 +71,7 @@ def main() -> None:
     path = resolve(args.model).path
     w = Weights(path, n_gpu_layers=0)
     ctx = Context(w, ContextParams(n_ctx=4096, n_seq=args.n, n_threads=args.threads))
+    pool = Context(w, ContextParams(n_ctx=4096, n_seq=args.n, n_threads=args.threads, kv_unified=True))
     texts = [chat(t) for t in PROMPTS.values()]
     ids = [w.tokenize(t, add_special=True, parse_special=True) for t in texts]
     bench = [ids[i % len(ids)] for i in range(args.n)]
@@ -72,6 +80,7 @@ def main() -> None:
         "rows": lambda: timed(ctx, [ids[0]], rows_of_one=args.n),
         "shallow": lambda: timed(ctx, [ids[0]] * args.n),
         "bench": lambda: timed(ctx, bench),
+        "unified": lambda: timed(pool, bench),
     }
     got: dict[str, list[float]] = {k: [] for k in cases}
     for rep in range(args.reps):
@@ -89,7 +98,10 @@ def main() -> None:
               f"{statistics.median(steps):.2f} ({steps[0]:.2f}-{steps[-1]:.2f}) |")
     v = statistics.median(r / o for r, o in zip(got["rows"], got["one"], strict=True))
     b = statistics.median(r / o for r, o in zip(got["bench"], got["one"], strict=True))
+    u = sorted(r / o for r, o in zip(got["bench"], got["unified"], strict=True))
     print(f"\nN / v(N) from rows: {args.n / v:.2f}; N / (the bench step in one-row steps): {args.n / b:.2f}")
+    print(f"bench / unified (per rep): {statistics.median(u):.2f} ({u[0]:.2f}-{u[-1]:.2f})")
+    pool.close()
     ctx.close()
     w.close()
 

@@ -211,6 +211,10 @@ class ContextParams:
     type_k: int | None = None  # ggml type ids, None = f16
     type_v: int | None = None
     n_seq: int = 1  # sequences, each on a KV stream of n_ctx cells of its own (engine.step batches them)
+    # One pool of n_seq x n_ctx cells for every sequence instead (llama-server's layout): a sequence's
+    # logits then depend on where the others left room, so the engine never sets it; for
+    # bench/stream_pass.py, which prices what the streams cost against it.
+    kv_unified: bool = False
 
 
 @dataclass
@@ -251,7 +255,7 @@ class Context:
         cp.n_batch = params.n_batch
         cp.n_ubatch = params.n_batch
         cp.n_seq_max = n_seq
-        cp.kv_unified = False  # a stream per sequence: see engine.step, Losslessness
+        cp.kv_unified = params.kv_unified  # off: a stream per sequence (engine.step, Losslessness)
         threads = params.n_threads or default_threads()
         cp.n_threads = threads
         cp.n_threads_batch = threads
