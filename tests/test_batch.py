@@ -184,6 +184,55 @@ def test_batched_model_drafts_equal_each_request_alone(weights: Weights, smollm2
         draft.close()
 
 
+class HeldPrices(CostModel):
+    """A GPU's prices, held as set: a pass costs a step and a row 5% more, and no decode's timing
+    moves them (the shared steps' factors stay 1), so which drafts a step affords is the same on
+    any machine."""
+
+    def __init__(self) -> None:
+        super().__init__(13)
+        self.t_step = [0.0] + [0.01 * (1 + 0.05 * (n - 1)) for n in range(1, 14)]
+        self.t_draft = self.t_catchup = 0.0005
+
+    def observe_shared(self, rows: object, seconds: float, cells: int = 0) -> None:
+        pass
+
+    def observe_step(self, n: int, seconds: float, same: bool = False, cells: int = 0) -> None:
+        pass
+
+    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+        pass
+
+    def observe_catchup(self, n_tokens: int, seconds: float) -> None:
+        pass
+
+
+@pytest.mark.parametrize("source", ["ngram", "model"])
+def test_a_draft_that_leaves_the_others_behind_is_taken_back(weights: Weights, smollm2: object, source: str) -> None:
+    """Three sequences, the middle one drafting (it copies its prompt; the model draft is the
+    target's own weights, so it always holds). Its draft is a pass of its own that both neighbours
+    wait for, and its row between theirs merges their passes, so its finishing early gives them
+    nothing back: the step takes the draft back once their slack is spent (engine.fair), the
+    sequence steps plain, and every output is still its solo run."""
+    reqs = [request(weights, 0, n=40), request(weights, 3, n=40), request(weights, 2, n=40)]
+    want = [solo(weights, r) for r in reqs]
+    draft = Context(weights, ContextParams(n_ctx=N_CTX, n_batch=512, n_seq=3)) if source == "model" else None
+    b = Batch(weights, 3, ngram=source == "ngram", draft=draft)
+    b.cost = HeldPrices()
+    b.drafters[0] = b.drafters[2] = None
+    try:
+        for i, r in enumerate(reqs):
+            b.add(i, r)
+        list(b.drain())
+        for i in range(3):
+            assert b.runs[i].tokens == want[i].tokens, f"sequence {i} parted from its solo run"
+        assert b.loop.stats.withdrawn > 0
+    finally:
+        b.close()
+        if draft is not None:
+            draft.close()
+
+
 def test_mixed_options_share_one_batch(weights: Weights) -> None:
     """Greedy, seeded sampling, a JSON format, logprobs and a stop string, in the same steps."""
     fmt = gbnf_for_format({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]})

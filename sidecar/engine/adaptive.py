@@ -349,6 +349,20 @@ def _bounded(factor: float) -> float:
     return min(SHARED_MAX, max(SHARED_MIN, factor))
 
 
+MIN_HOLD = 1e-3
+"""Draft lengths are weighed until a row adds fewer expected tokens than this: the chance that a
+draft holds that far only falls with its length, so no longer draft can pay for its rows (a
+sequence weighs up to ~24 lengths per source and step, each priced against the whole step)."""
+
+
+def draft_lengths(lo: int, hi: int) -> list[int]:
+    """The draft lengths a round weighs: every one up to 12, then a sparser ladder up to `hi`.
+
+    A free source's copy may run to 64 tokens (NGRAM_N_MAX), where one length more or less changes
+    the expected rate by little; weighing every one would cost each sequence ~64 prices per step."""
+    return [k for k in (*range(1, 13), 16, 20, 24, 28, 32, 40, 48, 56, 64) if lo <= k < hi] + ([hi] if hi >= lo else [])
+
+
 def expected_tokens(a: float, k: int) -> float:
     """Tokens emitted by a round with k drafts at per-position acceptance a (Leviathan et al.)."""
     if a >= 1.0:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import ctypes
 import json
+from collections import abc
+from collections.abc import Callable
 from typing import Any
 
 import llama_cpp as C
@@ -23,6 +25,7 @@ import numpy as np
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from sidecar.engine.llama import EngineError, Weights
+from sidecar.engine.text import Trigger
 from sidecar.errors import ClientError
 
 _LOOSE_CHAR = r'char ::= [^"\\] |'
@@ -117,3 +120,43 @@ class Grammar:
 
     def __del__(self) -> None:  # clones dropped on an exception path still get freed
         self.close()
+
+
+class DraftStates:
+    """Grammar states for the rows of one verification: row i sees the state after draft[:i].
+
+    The verifiers ask for rows in order and stop at the first rejection, so one clone walked
+    forward serves every row, and it only ever accepts draft tokens already verified. A deferred
+    grammar not started yet masks no row until a draft token completes its trigger (a copy of the
+    committed watcher walks the draft); the rows after it get the grammar's start state walked from
+    there."""
+
+    def __init__(self, grammar: Grammar | None, trigger: Trigger | None, draft: abc.Sequence[int],
+                 text_of: Callable[[int], bytes]) -> None:
+        self.grammar = grammar
+        self.draft = draft
+        self._text_of = text_of
+        # Set while the grammar has not started by the row being walked to.
+        self._watch = trigger.copy() if trigger is not None and not trigger.fired else None
+        self._walker: Grammar | None = None
+        self._walked = 0
+
+    def at(self, i: int) -> Grammar | None:
+        if self.grammar is None:
+            return None
+        while self._walked < i:
+            tok = self.draft[self._walked]
+            self._walked += 1
+            if self._watch is None:
+                if self._walker is None:
+                    self._walker = self.grammar.clone()
+                self._walker.accept(tok)
+            elif self._watch.feed(self._text_of(tok)):
+                self._watch = None  # the grammar applies from the next row on, from its start state
+        if self._watch is not None:
+            return None
+        return self._walker if self._walker is not None else self.grammar
+
+    def close(self) -> None:
+        if self._walker is not None:
+            self._walker.close()

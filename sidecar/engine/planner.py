@@ -27,17 +27,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from sidecar.engine import adaptive
 from sidecar.engine.adaptive import ALONE, CostModel, SpeculativeConfig, Step, expected_tokens, round_seconds
 from sidecar.engine.drafters import Support
 from sidecar.engine.tally import Tally
-
-
-def draft_lengths(lo: int, hi: int) -> list[int]:
-    """The draft lengths a round weighs: every one up to 12, then a sparser ladder up to `hi`.
-
-    A free source's copy may run to 64 tokens (NGRAM_N_MAX), where one length more or less changes
-    the expected rate by little; weighing every one would cost each sequence ~64 prices per step."""
-    return [k for k in (*range(1, 13), 16, 20, 24, 28, 32, 40, 48, 56, 64) if lo <= k < hi] + ([hi] if hi >= lo else [])
 
 
 class Key(NamedTuple):
@@ -63,9 +56,10 @@ class Source:
 @dataclass(frozen=True)
 class Round:
     """One round's decision: draft `k` tokens from source `source` and decode `rows` rows (the
-    pending token and the draft, padded to keep a stretch's shape). k = 0 is a plain step. `support`
-    is the class the draft was priced by, its evidence key; `probe` marks a probe of a costly
-    source that does not pay, `retry` a draft priced as a retry (Plan._retry)."""
+    pending token and the draft, padded to keep a stretch's shape); k = 0 is a plain step. `support`
+    is the class the draft was priced by; `probe` marks a probe of a costly source that does not
+    pay, `retry` a retry (Plan._retry); `seconds`, what the draft adds to the step beyond a plain
+    row, catch-up included (engine.fair; 0 for a probe: its own budget prices it)."""
 
     source: int = 0
     k: int = 0
@@ -73,12 +67,8 @@ class Round:
     support: Support = field(default_factory=Support)
     probe: bool = False
     retry: bool = False
+    seconds: float = 0.0
 
-
-MIN_HOLD = 1e-3
-"""Draft lengths are weighed until a row adds fewer expected tokens than this: the chance that a
-draft holds that far only falls with its length, so no longer draft can pay for its rows (a
-sequence weighs up to ~24 lengths per source and step, each priced against the whole step)."""
 
 PLAIN = Round()
 PROBE_TOKENS = 8  # a probe's draft: enough for one round to be evidence (a model draft's default n_max)
@@ -246,11 +236,11 @@ class Plan:
         k_max = min(k_cap, len(t) - 2)
         expected = self._expected(i, support, max(0, k_max), retry)
         prev_k, prev_e = 0, expected[0]
-        for k in draft_lengths(max(1, self.config.n_min), k_max):
+        for k in adaptive.draft_lengths(max(1, self.config.n_min), k_max):
             if t[k + 1] <= 0:
                 continue
             e = expected[k]
-            if e - prev_e < MIN_HOLD * (k - prev_k):
+            if e - prev_e < adaptive.MIN_HOLD * (k - prev_k):
                 break  # the rows from here on add (almost) no tokens
             prev_k, prev_e = k, e
             for n in (k + 1, stretch) if stretch > k + 1 and stretch - 1 <= pad_cap else (k + 1,):
@@ -336,13 +326,15 @@ class Plan:
                     self._price = price
                     # A model that would pay, once caught up: not one that "does not pay".
                     self.fallback = f"draft held back: catching up {self.sources[i].lag()} tokens would not repay yet"
-            if ki and self.sources[i].has_cost:
-                # Against the other sources, this round pays the catch-up of what they drafted
-                # while the model sat out: a copying stretch stays with the free source.
-                seconds = round_seconds(ki, self.cost.t_draft, self._rows_cost(rows, step))
-                rank *= seconds / (seconds + self.sources[i].lag() * self.cost.t_catchup)
+            if ki:
+                # Against the other sources, a model's round pays the catch-up of what they drafted
+                # while it sat out: a copying stretch stays with the free source.
+                t_d, lag = (self.cost.t_draft, self.sources[i].lag()) if self.sources[i].has_cost else (0.0, 0)
+                seconds, catchup = round_seconds(ki, t_d, self._rows_cost(rows, step)), lag * self.cost.t_catchup
+                rank *= seconds / (seconds + catchup)
             if ki and rank > best_rank:
-                best, best_rank = Round(i, ki, rows, support, retry=retry), rank
+                extra = seconds + catchup - self.cost.added(1, step)
+                best, best_rank = Round(i, ki, rows, support, retry=retry, seconds=extra), rank
         if best.k:
             self._last = self._key(best.source, best.support)
             if self.sources[best.source].has_cost:
@@ -352,6 +344,10 @@ class Plan:
         self._last = None
         self._rent += held
         return self._nothing_pays(supports, k_cap, Round(ready[0], 0, 1, supports[ready[0]]), step)
+
+    def withdraw(self) -> None:
+        """The step took this round's draft back (engine.fair): it ran plain."""
+        self._last = None
 
     def _unprobed(self, step: Step) -> None:
         """A plain step towards the pair's probe budget, in wall time: a sequence in a step with

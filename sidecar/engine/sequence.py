@@ -57,7 +57,7 @@ import numpy as np
 
 from sidecar.engine.adaptive import ALONE, CostModel, SpeculativeConfig, Step
 from sidecar.engine.drafters import ModelDrafter, Proposal, common_prefix
-from sidecar.engine.grammar import Grammar
+from sidecar.engine.grammar import DraftStates, Grammar
 from sidecar.engine.hybrid import HybridDrafter
 from sidecar.engine.llama import EngineError, Weights
 from sidecar.engine.logprobs import Logprobs, TokenLogprob, token_logprob
@@ -229,6 +229,7 @@ class Sequence:
         self._round: _Pending | None = None
         self._asked: tuple[Round, Step, tuple[int, int] | None, list[tuple[int, Proposal]]] | None = None
         self.expect = 1.0  # tokens the round asked for is expected to emit
+        self.extra = 0.0  # ... and the seconds its draft adds to the step (Round.seconds)
         self._t_gen: float | None = None  # when the first token came (module docstring)
         return keep
 
@@ -270,7 +271,7 @@ class Sequence:
         tokens, out, drafter = self.tokens, self.result.tokens, self.drafter
         live = self.grammar if self.trigger is None or self.trigger.fired else None
         rnd = self.plan.decide(len(out), self.limit - len(out), room, step)
-        self.expect = self.plan.expected(rnd)
+        self.expect, self.extra = self.plan.expected(rnd), rnd.seconds
         proposal, shadows = Proposal(), []
         if rnd.k > 0 and drafter:
             source = drafter.sources[rnd.source]
@@ -286,6 +287,21 @@ class Sequence:
         assert self._asked is not None
         (rnd, step, shift, shadows), self._asked = self._asked, None
         return self._rows(rnd, proposal, step, shift, shadows)
+
+    def withdraw(self, want: Rows | Ask) -> Rows:
+        """The rows for this round without its draft: the step could not afford it (engine.fair)."""
+        if isinstance(want, Ask):
+            assert self._asked is not None
+            (_, step, shift, shadows), self._asked = self._asked, None
+        else:
+            pending = self._round
+            assert pending is not None
+            # The draft it would have verified, checked against the token the plain row makes:
+            # evidence, so a copy that is taken back is still learnt and priced (`_shadows`).
+            step, shift, shadows = pending.step, want.shift, [(pending.round.source, pending.proposal)]
+        self.plan.withdraw()
+        self.expect, self.extra = 1.0, 0.0
+        return self._rows(PLAIN, Proposal(), step, shift, shadows)
 
     def _shadows(self, rnd: Round, live: Grammar | None) -> list[tuple[int, Proposal]]:
         """What each free source would have drafted in the model's round `rnd` (a lookup costs
@@ -336,7 +352,7 @@ class Sequence:
         window = sampler.history_window
         greedy = sampler.params.greedy
         head = history[-window:] if window else []
-        states = _DraftStates(grammar, trigger, draft, text_of)
+        states = DraftStates(grammar, trigger, draft, text_of)
 
         def p_at(i: int) -> np.ndarray:
             seen = head + draft[:i] if window else head
@@ -458,43 +474,3 @@ def _renderer(piece: Callable[[int], bytes], special: Callable[[int], bytes],
     if not preserve:
         return piece
     return lambda tok: special(tok) if tok in preserve else piece(tok)
-
-
-class _DraftStates:
-    """Grammar states for the rows of one verification: row i sees the state after draft[:i].
-
-    The verifiers ask for rows in order and stop at the first rejection, so one clone walked
-    forward serves every row, and it only ever accepts draft tokens already verified. A deferred
-    grammar not started yet masks no row until a draft token completes its trigger (a copy of the
-    committed watcher walks the draft); the rows after it get the grammar's start state walked from
-    there."""
-
-    def __init__(self, grammar: Grammar | None, trigger: Trigger | None, draft: abc.Sequence[int],
-                 text_of: Callable[[int], bytes]) -> None:
-        self.grammar = grammar
-        self.draft = draft
-        self._text_of = text_of
-        # Set while the grammar has not started by the row being walked to.
-        self._watch = trigger.copy() if trigger is not None and not trigger.fired else None
-        self._walker: Grammar | None = None
-        self._walked = 0
-
-    def at(self, i: int) -> Grammar | None:
-        if self.grammar is None:
-            return None
-        while self._walked < i:
-            tok = self.draft[self._walked]
-            self._walked += 1
-            if self._watch is None:
-                if self._walker is None:
-                    self._walker = self.grammar.clone()
-                self._walker.accept(tok)
-            elif self._watch.feed(self._text_of(tok)):
-                self._watch = None  # the grammar applies from the next row on, from its start state
-        if self._watch is not None:
-            return None
-        return self._walker if self._walker is not None else self.grammar
-
-    def close(self) -> None:
-        if self._walker is not None:
-            self._walker.close()

@@ -13,7 +13,8 @@ What a step holds:
   (those before it as decided, those after it as plain rows), so a draft is taken only where it
   adds more tokens than it slows the whole step down, and drafts shrink as the batch fills. A pass
   over several sequences' streams costs more than as many rows of one stream; every shared decode
-  teaches the cost model by how much (CostModel.observe_shared).
+  teaches the cost model by how much (CostModel.observe_shared). Before the step is decoded, the
+  drafts that would leave another stream behind plain steps are taken back (engine.fair).
 - Model drafts for those rows: every sequence whose round drafts from a draft model gets its draft
   from its own stream of the pair's one draft context, all in one llama_decode per draft step
   (drafters.propose_together).
@@ -45,10 +46,11 @@ import itertools
 import time
 from collections import abc
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sidecar.engine.adaptive import Step
 from sidecar.engine.drafters import common_prefix, propose_together
+from sidecar.engine.fair import Account, Bid, settle, withdrawals
 from sidecar.engine.layout import runs
 from sidecar.engine.llama import Context
 from sidecar.engine.sequence import Ask, Item, Rows, Sequence
@@ -67,6 +69,7 @@ class Stats:
     rows: int = 0  # rows decoded, over all steps
     cached_tokens: int = 0  # prompt tokens reused from a stream's cache instead of prefilled
     copied_tokens: int = 0  # ... of which copied from another stream
+    withdrawn: int = 0  # drafts a shared step took back: another stream could not afford them (engine.fair)
 
 
 @dataclass
@@ -91,6 +94,7 @@ class StepLoop:
         self._clock = itertools.count(1)
         self._used = [0] * target.n_seq  # when each stream last held a sequence (LRU)
         self._chunking: dict[int, _Chunking] = {}  # stream id -> its prompt's chunk pricing
+        self._accounts: dict[int, Account] = {}  # stream id -> its standing over shared steps (engine.fair)
         self.stats = Stats()
 
     @property
@@ -194,6 +198,7 @@ class StepLoop:
                 asked.append((sid, want))
             except BaseException as e:  # this sequence's failure, not the step's
                 drop(sid, e)
+        bids = self._fair(asked, planned, deepest(planned))
         parts: list[tuple[int, Rows]] = []
         for sid, rows in self._drafted(asked, drop):
             seq = self.running[sid]
@@ -234,8 +239,10 @@ class StepLoop:
         self.stats.steps += 1
         self.stats.rows += sum(len(rows.tokens) for _, rows in parts)
         alone = len(parts) == 1
+        made: dict[int, Bid] = {}
         for (sid, _), lg in zip(parts, logits, strict=True):
             seq = self.running[sid]
+            before = len(seq.result.tokens)
             try:
                 items = seq.take(lg, seconds, alone)
                 target.truncate(seq.kv_len, sid)
@@ -243,8 +250,11 @@ class StepLoop:
                 out.append((seq, e))
                 self._leave(sid)
                 continue
+            if sid in bids:
+                made[sid] = replace(bids[sid], tokens=float(len(seq.result.tokens) - before))
             if items:
                 out.append((seq, items))
+        settle(made, self._accounts)
         return out
 
     def _drafted(self, asked: list[tuple[int, Rows | Ask]], drop: Callable[[int, BaseException], None]
@@ -268,6 +278,27 @@ class StepLoop:
                 drafted[sid] = self.running[sid].drafted(proposal)
         return [(sid, a if isinstance(a, Rows) else drafted[sid]) for sid, a in asked
                 if isinstance(a, Rows) or sid in drafted]
+
+    def _fair(self, asked: list[tuple[int, Rows | Ask]], planned: dict[int, int], cells: int) -> dict[int, Bid]:
+        """Each decoding sequence's bid in a shared step, after the drafts that would leave another
+        stream behind plain steps are taken back (engine.fair); none for a lone sequence's step."""
+        decoding = {sid for sid, _ in asked if not self.running[sid].prefilling}
+        if len(decoding) < 2:
+            return {}
+        plain = tuple((s, 1 if s in decoding else n) for s, n in planned.items())
+        bids: dict[int, Bid] = {}
+        for sid in decoding:
+            seq = self.running[sid]
+            others = Step(sid, tuple(r for r in plain if r[0] != sid), cells=cells)
+            bids[sid] = Bid(seq.expect, seq.extra, seq.cost.batch(plain, cells), seq.cost.added(1, others))
+            self._accounts.setdefault(sid, Account())
+        slack = 1.0 - self.running[min(decoding)].config.fallback_margin
+        for sid in withdrawals(bids, self._accounts, slack):
+            i = next(i for i, (s, _) in enumerate(asked) if s == sid)
+            asked[i] = (sid, self.running[sid].withdraw(asked[i][1]))
+            bids[sid] = replace(bids[sid], tokens=1.0, extra=0.0)
+            self.stats.withdrawn += 1
+        return bids
 
     def _chunk(self, sid: int, seq: Sequence, planned: dict[int, int], cells: int) -> int:
         """How much of a prompt a step that others decode in may take (module docstring): what
@@ -298,6 +329,7 @@ class StepLoop:
 
     def _leave(self, sid: int) -> None:
         self._chunking.pop(sid, None)
+        self._accounts.pop(sid, None)
         seq = self.running.pop(sid)
         seq.close()
         self._used[sid] = next(self._clock)

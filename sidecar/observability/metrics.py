@@ -141,6 +141,9 @@ class _RuntimeCollector:
         cached = GaugeMetricFamily(f"{PREFIX}_prefix_cache_tokens",
                                    "Prompt tokens the pair's target took from its prefix cache since it loaded.",
                                    labels=["model"])
+        withdrawn = GaugeMetricFamily(f"{PREFIX}_batch_withdrawn_drafts",
+                                      "Drafts the pair's target's shared steps took back since it loaded: "
+                                      "another stream in the step could not afford them.", labels=["model"])
         if rt is not None:
             # The runtime counts the running requests among the pending ones: those are the
             # sequences in the targets' batches. (Clamped: a sequence whose client just left
@@ -154,6 +157,7 @@ class _RuntimeCollector:
                 busy.add_metric([entry.name], float(st.busy))
                 width.add_metric([entry.name], st.rows / st.steps if st.steps else 0.0)
                 cached.add_metric([entry.name], float(st.cached_tokens))
+                withdrawn.add_metric([entry.name], float(st.withdrawn))
             targets.add_metric([], float(len({id(lm) for _, lm in pairs})))
         else:
             queue.add_metric([], 0.0)
@@ -164,6 +168,7 @@ class _RuntimeCollector:
         yield busy
         yield width
         yield cached
+        yield withdrawn
 
 
 class Metrics:

@@ -177,6 +177,7 @@ class ModelStatus:
     steps: int = 0  # batched decodes so far
     rows: int = 0  # rows those decodes held (rows / steps: the batch's mean width)
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of prefilled
+    withdrawn: int = 0  # drafts its shared steps took back, as another stream could not afford them
 
 
 class Model(Protocol):

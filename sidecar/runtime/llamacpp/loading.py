@@ -90,7 +90,7 @@ class Loaded:
         stats, loop = self.loop.stats, self.loop
         return ModelStatus(str(self.weights.path), self.n_ctx, self.ctx.n_seq, tuple(sorted(self.pairs)),
                            self.weights.gpu_layers, self.curve, busy=len(loop.running), steps=stats.steps,
-                           rows=stats.rows, cached_tokens=stats.cached_tokens)
+                           rows=stats.rows, cached_tokens=stats.cached_tokens, withdrawn=stats.withdrawn)
 
 
 def vocabulary(weights: Weights) -> Vocabulary:
