@@ -189,8 +189,11 @@ class Plan:
             a = self._acceptance(i, support, retry)
             return [expected_tokens(a, k) for k in range(k_max + 1)]
         out, holds = [1.0], 1.0
+        known: dict[tuple[int, float | None], float] = {}  # a copy's tokens fall in a few classes
         for j in range(k_max):
-            holds *= self._acceptance(i, support.along(j), retry)
+            s = support.along(j)
+            a = known.get(c := (s.cls, s.prior))
+            holds *= known.setdefault(c, self._acceptance(i, s, retry)) if a is None else a
             out.append(out[-1] + holds)
         return out
 
