@@ -5,7 +5,9 @@ One run alternates several servers, each a real subprocess on a free loopback po
 ChatML-rendered, stream i gets prompt i mod 4):
 
 - ``old``: ``sidecar serve`` at an older revision (``--old-rev``, default e88eaee), from a git
-  worktree at /tmp/sidecar-old (created once), ``draft: none``;
+  worktree at /tmp/sidecar-old (created once), ``draft: none``; ``old+ngram`` and
+  ``old-padded+draft`` (with ``--padded``'s models) the same revision with ``batched+ngram``'s and
+  ``padded+draft``'s drafts, for a change to speculation measured against the revision before it;
 - ``batched`` / ``batched+ngram``: the working tree's daemon, ``draft: none`` / ``draft: ngram``;
 - ``batched-np4``: ``batched`` with ``OLLAMA_NUM_PARALLEL=4`` whatever N is (run it at N = 1: what
   one stream alone gets from a daemon configured for four);
@@ -157,6 +159,8 @@ SERIAL = "@serial"  # a config name's suffix: the same server process, the batch
 RATIOS = (  # (numerator, denominator): a ratio column where both ran
     ("batched", "old"),
     ("batched+ngram", "batched"),
+    ("batched+ngram", "old+ngram"),
+    ("padded+draft", "old-padded+draft"),
     ("batched", "llama-server-none"),
     ("batched-np4", "batched"),
     ("batched", f"batched{HTTPX}"),
@@ -209,6 +213,7 @@ def make_configs(names: Sequence[str], old_root: Path | None) -> list[Config]:
     padded = str(PADDED)
     known: dict[str, Callable[[], Config]] = {
         "old": lambda: Config("old", "daemon", SMOLLM2_REF, root=old_root or REPO),
+        "old+ngram": lambda: Config("old+ngram", "daemon", SMOLLM2_REF, root=old_root or REPO, draft="ngram"),
         "batched": lambda: Config("batched", "daemon", SMOLLM2_REF),
         "batched+ngram": lambda: Config("batched+ngram", "daemon", SMOLLM2_REF, draft="ngram"),
         "batched-np4": lambda: Config("batched-np4", "daemon", SMOLLM2_REF, parallel=EXTRA_PARALLEL),
@@ -217,6 +222,8 @@ def make_configs(names: Sequence[str], old_root: Path | None) -> list[Config]:
                                                  extra=("--spec-type", "ngram-mod")),
         "padded": lambda: Config("padded", "daemon", padded, num_ctx=PADDED_CTX),
         "padded+draft": lambda: Config("padded+draft", "daemon", padded, draft=smol, num_ctx=PADDED_CTX),
+        "old-padded+draft": lambda: Config("old-padded+draft", "daemon", padded, draft=smol, num_ctx=PADDED_CTX,
+                                           root=old_root or REPO),
         "llama-server-padded-none": lambda: Config("llama-server-padded-none", "llama-server", padded,
                                                    extra=("--spec-type", "none"), num_ctx=PADDED_CTX),
         "llama-server-padded-draft-simple": lambda: Config(
@@ -1052,7 +1059,7 @@ def main(argv: list[str] | None = None) -> int:
         names += [c for c in PADDED_CONFIGS if c not in names]
     if any("padded" in n for n in names):
         ensure_padded()
-    old_root = old_worktree(args.old_rev) if {"old", f"old{AGAIN}"} & set(names) else None
+    old_root = old_worktree(args.old_rev) if any(n.startswith("old") for n in names) else None
     configs = make_configs(names, old_root)
     for root in {c.root for c in configs if c.kind == "daemon"}:
         _check_import_root(root)
