@@ -9,7 +9,8 @@ alone and one among many run the same code.
 
 What a step holds:
 - A decoding sequence's rows: its pending token, plus the draft its planner priced for this step
-  (engine.planner, `Step`): in id order, each sequence sees the rows the others put in the step
+  (engine.planner, `Step`): in id order (one whose draft the last step took back goes last),
+  each sequence sees the rows the others put in the step
   (those before it as decided, those after it as plain rows), so a draft is taken only where it
   adds more tokens than it slows the whole step down, and drafts shrink as the batch fills. A pass
   over several sequences' streams costs more than as many rows of one stream; every shared decode
@@ -95,6 +96,7 @@ class StepLoop:
         self._used = [0] * target.n_seq  # when each stream last held a sequence (LRU)
         self._chunking: dict[int, _Chunking] = {}  # stream id -> its prompt's chunk pricing
         self._accounts: dict[int, Account] = {}  # stream id -> its standing over shared steps (engine.fair)
+        self._held: set[int] = set()  # streams whose drafts the last step took back
         self.stats = Stats()
 
     @property
@@ -157,11 +159,14 @@ class StepLoop:
         out: list[tuple[Sequence, list[Item] | BaseException]] = []
         ids = [s for s in sorted(self.running) if not skip(self.running[s])]
         decoding = [s for s in ids if not self.running[s].prefilling]
+        # A sequence whose draft the last step took back decides after the others: a draft the
+        # step cannot afford must not crowd out theirs (engine.fair).
+        decoding.sort(key=lambda s: s in self._held)
 
         def deepest(sids: abc.Iterable[int]) -> int:
             """The cells a pass over these streams attends over: llama.cpp sizes it by the deepest."""
             return max((len(target.held(s)) for s in sids), default=0)
-        # The rows every sequence puts in the step: decided in id order against the others'.
+        # The rows every sequence puts in the step: decided in that order against the others'.
         planned: dict[int, int] = {s: 1 for s in decoding}
         tokens: dict[int, float] = {s: 1.0 for s in decoding}
 
@@ -198,7 +203,7 @@ class StepLoop:
                 asked.append((sid, want))
             except BaseException as e:  # this sequence's failure, not the step's
                 drop(sid, e)
-        bids = self._fair(asked, planned, deepest(planned))
+        bids, self._held = self._fair(asked, planned, deepest(planned))
         parts: list[tuple[int, Rows]] = []
         for sid, rows in self._drafted(asked, drop):
             seq = self.running[sid]
@@ -279,12 +284,14 @@ class StepLoop:
         return [(sid, a if isinstance(a, Rows) else drafted[sid]) for sid, a in asked
                 if isinstance(a, Rows) or sid in drafted]
 
-    def _fair(self, asked: list[tuple[int, Rows | Ask]], planned: dict[int, int], cells: int) -> dict[int, Bid]:
+    def _fair(self, asked: list[tuple[int, Rows | Ask]], planned: dict[int, int], cells: int
+              ) -> tuple[dict[int, Bid], set[int]]:
         """Each decoding sequence's bid in a shared step, after the drafts that would leave another
-        stream behind plain steps are taken back (engine.fair); none for a lone sequence's step."""
+        stream behind plain steps are taken back (engine.fair), and the sequences whose drafts
+        were; none for a lone sequence's step."""
         decoding = {sid for sid, _ in asked if not self.running[sid].prefilling}
         if len(decoding) < 2:
-            return {}
+            return {}, set()
         plain = tuple((s, 1 if s in decoding else n) for s, n in planned.items())
         bids: dict[int, Bid] = {}
         for sid in decoding:
@@ -293,12 +300,13 @@ class StepLoop:
             bids[sid] = Bid(seq.expect, seq.extra, seq.cost.batch(plain, cells), seq.cost.added(1, others))
             self._accounts.setdefault(sid, Account())
         slack = 1.0 - self.running[min(decoding)].config.fallback_margin
-        for sid in withdrawals(bids, self._accounts, slack):
+        held = withdrawals(bids, self._accounts, slack)
+        for sid in held:
             i = next(i for i, (s, _) in enumerate(asked) if s == sid)
             asked[i] = (sid, self.running[sid].withdraw(asked[i][1]))
             bids[sid] = replace(bids[sid], tokens=1.0, extra=0.0)
             self.stats.withdrawn += 1
-        return bids
+        return bids, set(held)
 
     def _chunk(self, sid: int, seq: Sequence, planned: dict[int, int], cells: int) -> int:
         """How much of a prompt a step that others decode in may take (module docstring): what
