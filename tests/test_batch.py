@@ -26,6 +26,7 @@ from sidecar.engine.sampling import SamplingParams
 from sidecar.engine.sequence import Sequence
 from sidecar.engine.seqview import SeqView
 from sidecar.engine.step import MIN_CHUNK, PREFILL_SHARE, StepLoop, pad_widths
+from tests.prices import Fixed
 from tests.test_lossless import chat_prompt
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -184,10 +185,10 @@ def test_batched_model_drafts_equal_each_request_alone(weights: Weights, smollm2
         draft.close()
 
 
-class HeldPrices(CostModel):
+class HeldPrices(Fixed):
     """A GPU's prices, held as set: a pass costs a step and a row 5% more, and no decode's timing
-    moves them (the shared steps' factors stay 1), so which drafts a step affords is the same on
-    any machine."""
+    moves them (the shared steps' factors stay 1 too), so which drafts a step affords is the same
+    on any machine."""
 
     def __init__(self) -> None:
         super().__init__(13)
@@ -195,15 +196,6 @@ class HeldPrices(CostModel):
         self.t_draft = self.t_catchup = 0.0005
 
     def observe_shared(self, rows: object, seconds: float, cells: int = 0) -> None:
-        pass
-
-    def observe_step(self, n: int, seconds: float, same: bool = False, cells: int = 0) -> None:
-        pass
-
-    def observe_draft(self, n_tokens: int, seconds: float) -> None:
-        pass
-
-    def observe_catchup(self, n_tokens: int, seconds: float) -> None:
         pass
 
 
