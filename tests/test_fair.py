@@ -22,37 +22,39 @@ def test_a_lone_draft_that_slows_three_plain_streams_is_taken_back() -> None:
     step's tokens per second (9 / 2.5 > 4 / 1), but each plain stream waits 1.5 steps for a lead
     that gives it 5 x 0.2 = 1.0 back."""
     step = bids((6.0, 1.5), (1.0, 0.0), (1.0, 0.0), (1.0, 0.0))
-    assert withdrawals(step, fresh(4), SLACK) == [0]
+    held, after = withdrawals(step, fresh(4), SLACK)
+    assert held == [0]
+    assert after == {**step, 0: Bid(1.0, 0.0, 1.0, 0.2)}  # the step as it runs: that round plain
 
 
 def test_a_lone_draft_whose_lead_repays_the_wait_goes_on() -> None:
     """A long copy: 20 tokens for 3 steps more; each other stream gets 19 x 0.2 = 3.8 back."""
     step = bids((20.0, 3.0), (1.0, 0.0), (1.0, 0.0), (1.0, 0.0))
-    assert withdrawals(step, fresh(4), SLACK) == []
+    assert withdrawals(step, fresh(4), SLACK)[0] == []
 
 
 def test_streams_that_all_draft_pay_each_other_with_their_own_tokens() -> None:
     """Every stream copies: each waits for the others' rows but makes five tokens itself."""
     step = bids(*[(5.0, 1.0)] * 4)
-    assert withdrawals(step, fresh(4), SLACK) == []
+    assert withdrawals(step, fresh(4), SLACK)[0] == []
     assert all(balance(s, step, Account()) > 0 for s in step)
 
 
 def test_a_stream_ahead_from_its_own_drafts_can_afford_the_others() -> None:
     step = bids((6.0, 1.5), (1.0, 0.0))
     accounts = fresh(2)
-    assert withdrawals(step, accounts, SLACK) == [0]
+    assert withdrawals(step, accounts, SLACK)[0] == [0]
     accounts[1].ahead = 2.0  # it copied earlier: it is two plain steps ahead
-    assert withdrawals(step, accounts, SLACK) == []
+    assert withdrawals(step, accounts, SLACK)[0] == []
 
 
 def test_the_slack_is_a_share_of_the_plain_time_so_far() -> None:
     """3% of 100 plain steps is 3 steps: a wait of 1.5 less a lead of 1.0 fits, once."""
     step = bids((6.0, 1.5), (1.0, 0.0))
     accounts = {0: Account(), 1: Account(plain=100.0)}
-    assert withdrawals(step, accounts, SLACK) == []
+    assert withdrawals(step, accounts, SLACK)[0] == []
     accounts[1].ahead = -2.6
-    assert withdrawals(step, accounts, SLACK) == [0]
+    assert withdrawals(step, accounts, SLACK)[0] == [0]
 
 
 def test_the_draft_that_costs_the_others_most_goes_first() -> None:
@@ -60,7 +62,7 @@ def test_the_draft_that_costs_the_others_most_goes_first() -> None:
     step = bids((3.0, 0.5), (2.0, 1.0), (1.0, 0.0))
     accounts = fresh(3)
     accounts[1].ahead = accounts[2].ahead = 0.5
-    assert withdrawals(step, accounts, SLACK) == [1]
+    assert withdrawals(step, accounts, SLACK)[0] == [1]
 
 
 def test_a_stream_short_by_its_own_losses_does_not_stop_its_own_draft() -> None:
@@ -69,7 +71,7 @@ def test_a_stream_short_by_its_own_losses_does_not_stop_its_own_draft() -> None:
     step = bids((3.0, 0.5), (1.0, 0.0))
     accounts = fresh(2)
     accounts[0].ahead, accounts[1].ahead = -5.0, 1.0
-    assert withdrawals(step, accounts, SLACK) == []
+    assert withdrawals(step, accounts, SLACK)[0] == []
     made = bids((1.0, 0.5), (1.0, 0.0))  # the draft was rejected: one token for 0.5 more
     settle(made, accounts)
     assert accounts[0].ahead == -5.0 and accounts[0].plain == 1.0

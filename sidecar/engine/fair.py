@@ -62,9 +62,10 @@ def lead(bid: Bid) -> float:
     return max(0.0, bid.tokens - 1.0) * max(0.0, bid.row)  # one that ended made no token: no lead
 
 
-def withdrawals(bids: dict[int, Bid], accounts: dict[int, Account], slack: float) -> list[int]:
+def withdrawals(bids: dict[int, Bid], accounts: dict[int, Account], slack: float) -> tuple[list[int], dict[int, Bid]]:
     """The streams whose drafts the step must take back, in order, so that no stream falls behind
-    plain steps by more than `slack` of its plain time through the others' drafts."""
+    plain steps by more than `slack` of its plain time through the others' drafts; and the bids
+    with those drafts taken back."""
     bids, out = dict(bids), []
     while True:
         short = {s for s, b in bids.items() if balance(s, bids, accounts[s]) < -slack * (accounts[s].plain + b.tau)}
@@ -73,7 +74,7 @@ def withdrawals(bids: dict[int, Bid], accounts: dict[int, Account], slack: float
         harm = {s: b.extra - lead(b) for s, b in bids.items() if b.extra > 0 and short - {s}}
         worst = max(harm, key=harm.__getitem__, default=None)
         if worst is None or harm[worst] <= 0:
-            return out
+            return out, bids
         out.append(worst)
         bids[worst] = replace(bids[worst], tokens=1.0, extra=0.0)
 

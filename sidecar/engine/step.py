@@ -293,19 +293,24 @@ class StepLoop:
         if len(decoding) < 2:
             return {}, set()
         plain = tuple((s, 1 if s in decoding else n) for s, n in planned.items())
+        tau: dict[int, float] = {}  # the plain step, once per cost model (the pair's streams share one)
         bids: dict[int, Bid] = {}
         for sid in decoding:
             seq = self.running[sid]
-            others = Step(sid, tuple(r for r in plain if r[0] != sid), cells=cells)
-            bids[sid] = Bid(seq.expect, seq.extra, seq.cost.batch(plain, cells), seq.cost.added(1, others))
+            cost = seq.cost
+            if id(cost) not in tau:
+                tau[id(cost)] = cost.batch(plain, cells)
+            t = tau[id(cost)]
+            # What its row adds: CostModel.added(1) against the others' rows, from the step priced once.
+            row = t - cost.batch(tuple(r for r in plain if r[0] != sid), cells)
+            bids[sid] = Bid(seq.expect, seq.extra, t, row)
             self._accounts.setdefault(sid, Account())
         slack = 1.0 - self.running[min(decoding)].config.fallback_margin
-        held = withdrawals(bids, self._accounts, slack)
+        held, bids = withdrawals(bids, self._accounts, slack)
         for sid in held:
             i = next(i for i, (s, _) in enumerate(asked) if s == sid)
             asked[i] = (sid, self.running[sid].withdraw(asked[i][1]))
-            bids[sid] = replace(bids[sid], tokens=1.0, extra=0.0)
-            self.stats.withdrawn += 1
+        self.stats.withdrawn += len(held)
         return bids, set(held)
 
     def _chunk(self, sid: int, seq: Sequence, planned: dict[int, int], cells: int) -> int:
@@ -338,6 +343,7 @@ class StepLoop:
     def _leave(self, sid: int) -> None:
         self._chunking.pop(sid, None)
         self._accounts.pop(sid, None)
+        self._held.discard(sid)
         seq = self.running.pop(sid)
         seq.close()
         self._used[sid] = next(self._clock)
