@@ -225,6 +225,47 @@ def test_a_draft_that_leaves_the_others_behind_is_taken_back(weights: Weights, s
             draft.close()
 
 
+class CpuPrices(HeldPrices):
+    """A CPU's prices, held as set: each row adds 40% of a step, a model draft token costs 40% of
+    one, and a pass of one sequence beside others' costs 30% of its price alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t_step = [0.0] + [0.01 * (1 + 0.4 * (n - 1)) for n in range(1, 14)]
+        self.t_draft, self.beside = 0.004, 0.3
+
+
+def test_a_model_draft_waits_while_a_prompt_comes_in(weights: Weights, smollm2: object) -> None:
+    """A sequence drafting from a model alone, then a long prompt arrives beside it. The drafting
+    sequence decides first and alone (the prompt's chunk is cut after it), so its draft pays by its
+    own price; but at these prices it adds more to the step than the row it gives back once done,
+    and the prompt, whose first token waits for it, is a stream the step accounts for too: the
+    step takes the draft back (engine.fair), and both outputs are their solo runs. (The draft model
+    is the target's own weights, so its drafts always hold.)"""
+    long = replace(request(weights, 0, n=16), prompt=chat_prompt(weights, " ".join(PROMPTS * 4)))
+    reqs = [request(weights, 3, n=48), long]
+    want = [solo(weights, r) for r in reqs]
+    draft = Context(weights, ContextParams(n_ctx=N_CTX, n_batch=512, n_seq=2))
+    b = Batch(weights, 2, draft=draft)
+    b.cost = CpuPrices()
+    b.drafters[1] = None
+    try:
+        b.add(0, reqs[0])
+        while b.seqs[0].plan.tally.draft_tokens == 0:
+            b.step()
+        assert b.loop.stats.withdrawn == 0  # alone, no one waits on its drafts
+        b.add(1, reqs[1])
+        b.step()
+        assert b.seqs[1].prefilling, "the prompt came in whole: no chunk for a draft to wait on"
+        assert b.loop.stats.withdrawn == 1
+        list(b.drain())
+        for i in range(2):
+            assert b.runs[i].tokens == want[i].tokens, f"sequence {i} parted from its solo run"
+    finally:
+        b.close()
+        draft.close()
+
+
 def test_mixed_options_share_one_batch(weights: Weights) -> None:
     """Greedy, seeded sampling, a JSON format, logprobs and a stop string, in the same steps."""
     fmt = gbnf_for_format({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]})

@@ -8,8 +8,10 @@ at all (0.93 of plain; 0.81 in another run). A drafter that pulls ahead gives th
 the row it stops adding to the steps they would have shared, once it is done: on a CPU that is a
 fraction of a step, on a GPU next to nothing.
 
-So each decoding stream of a shared step keeps an account against plain steps, in the cost
-model's seconds (`Account`), and a step's plan is weighed for every stream in it (`balance`):
+So each stream of a shared step keeps an account against plain steps, in the cost model's
+seconds (`Account`): a prompt coming in as well, whose first token waits for the drafts beside
+its chunks (it bids a plain round and is only ever owed). A step's plan is weighed for every
+stream in it (`balance`):
 - its own extra tokens (those past the one a plain step makes) bring its end nearer by one plain
   step each (`Bid.tau`, the step with every round plain); a loss from its own drafts is not
   counted, as it is its planner's to judge (Plan._judge);
@@ -40,7 +42,7 @@ class Account:
 
 @dataclass(frozen=True)
 class Bid:
-    """A decoding stream's round in the step being planned (or, once decoded, as it went)."""
+    """A stream's round in the step being planned (or, once decoded, as it went)."""
 
     tokens: float  # tokens the round emits (1 for a plain round): expected, or once decoded, made
     extra: float  # seconds its draft adds to the step (Round.seconds)

@@ -15,7 +15,8 @@ What a step holds:
   adds more tokens than it slows the whole step down, and drafts shrink as the batch fills. A pass
   over several sequences' streams costs more than as many rows of one stream; every shared decode
   teaches the cost model by how much (CostModel.observe_shared). Before the step is decoded, the
-  drafts that would leave another stream behind plain steps are taken back (engine.fair).
+  drafts that would leave another stream behind plain steps, or hold up a prompt's first token,
+  are taken back (engine.fair).
 - Model drafts for those rows: every sequence whose round drafts from a draft model gets its draft
   from its own stream of the pair's one draft context, all in one llama_decode per draft step
   (drafters.propose_together).
@@ -47,7 +48,7 @@ import itertools
 import time
 from collections import abc
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from sidecar.engine.adaptive import Step
 from sidecar.engine.drafters import common_prefix, propose_together
@@ -86,6 +87,31 @@ class _Chunking:
             self.per_token = got if self.per_token == 0 else self.per_token + 0.3 * (got - self.per_token)
 
 
+@dataclass
+class _PlainSteps:
+    """The wall seconds of a step whose every row is one decoding sequence's plain token, a moving
+    average per number of sequences: what a stream's leaving gives the others back (engine.fair's
+    `lead`) is the difference between n of them and n - 1, as decoded.
+
+    The cost model prices it by llama.cpp's split of the step into passes (CostModel.batch), with
+    factors learnt from steps that mix a draft's pass with the others' shared one; those priced
+    the row of one of four streams on the padded pair at 0.031 s and one of three at 0.086 s,
+    where the plain steps of 4, 3 and 2 streams took 0.125, 0.115 and 0.107 s. At such prices a
+    lone model draft that made the others wait 0.25 s a step looked repaid by its lead, and a batch
+    with one stream after another drafting ran at 0.84 of plain."""
+
+    seconds: dict[int, float] = field(default_factory=dict)
+
+    def observe(self, n: int, seconds: float) -> None:
+        old = self.seconds.get(n)
+        self.seconds[n] = seconds if old is None else old + 0.1 * (seconds - old)
+
+    def saving(self, n: int) -> float | None:
+        """What one of n streams' leaving saves a plain step; None until both were decoded."""
+        more, fewer = self.seconds.get(n), self.seconds.get(n - 1)
+        return None if more is None or fewer is None else max(0.0, more - fewer)
+
+
 class StepLoop:
     """Steps the sequences on one target context together; owns the context (one thread at a time)."""
 
@@ -97,6 +123,7 @@ class StepLoop:
         self._chunking: dict[int, _Chunking] = {}  # stream id -> its prompt's chunk pricing
         self._accounts: dict[int, Account] = {}  # stream id -> its standing over shared steps (engine.fair)
         self._held: set[int] = set()  # streams whose drafts the last step took back
+        self._plain = _PlainSteps()
         self.stats = Stats()
 
     @property
@@ -203,7 +230,7 @@ class StepLoop:
                 asked.append((sid, want))
             except BaseException as e:  # this sequence's failure, not the step's
                 drop(sid, e)
-        bids, self._held = self._fair(asked, planned, deepest(planned))
+        bids, self._held = self._fair(asked, planned, deepest(planned), set(decoding))
         parts: list[tuple[int, Rows]] = []
         for sid, rows in self._drafted(asked, drop):
             seq = self.running[sid]
@@ -237,6 +264,8 @@ class StepLoop:
             return out
         seconds = time.perf_counter() - t
         self._learn_chunks(parts, seconds, cells)
+        if all(rows.logits and len(rows.tokens) == 1 for _, rows in parts):
+            self._plain.observe(len(parts), seconds)
         if len(parts) > 1 and all(rows.logits for _, rows in parts):
             decoded = [(sid, len(tokens)) for sid, tokens, _ in batch]
             for cost in {id(m): m for m in (self.running[sid].cost for sid, _ in parts)}.values():
@@ -284,28 +313,39 @@ class StepLoop:
         return [(sid, a if isinstance(a, Rows) else drafted[sid]) for sid, a in asked
                 if isinstance(a, Rows) or sid in drafted]
 
-    def _fair(self, asked: list[tuple[int, Rows | Ask]], planned: dict[int, int], cells: int
+    def _fair(self, asked: list[tuple[int, Rows | Ask]], planned: dict[int, int], cells: int, decoding: set[int]
               ) -> tuple[dict[int, Bid], set[int]]:
-        """Each decoding sequence's bid in a shared step, after the drafts that would leave another
-        stream behind plain steps are taken back (engine.fair), and the sequences whose drafts
-        were; none for a lone sequence's step."""
-        decoding = {sid for sid, _ in asked if not self.running[sid].prefilling}
-        if len(decoding) < 2:
+        """Each sequence's bid in a shared step, after the drafts that would leave another stream
+        behind plain steps are taken back (engine.fair), and the sequences whose drafts were; none
+        for a lone sequence's step.
+
+        A prompt coming in is a stream too: its first token waits for every draft in the steps
+        that carry its chunks, and a draft decided beside it never saw it (the decoding sequences
+        decide first). It bids a plain round's one token and no draft, so it is only ever owed:
+        without it, a sequence that started alone drafted (a model draft's catch-up and all) while
+        the streams that arrived with it waited for their first token, 2x plain's on the padded
+        pair at N = 4."""
+        streams = [sid for sid, _ in asked if sid in planned]
+        if len(streams) < 2:
             return {}, set()
         plain = tuple((s, 1 if s in decoding else n) for s, n in planned.items())
         tau: dict[int, float] = {}  # the plain step, once per cost model (the pair's streams share one)
         bids: dict[int, Bid] = {}
-        for sid in decoding:
+        saving = self._plain.saving(len(decoding))
+        for sid in streams:
             seq = self.running[sid]
             cost = seq.cost
             if id(cost) not in tau:
                 tau[id(cost)] = cost.batch(plain, cells)
             t = tau[id(cost)]
-            # What its row adds: CostModel.added(1) against the others' rows, from the step priced once.
+            # What its row adds: CostModel.added(1) against the others' rows, from the step priced
+            # once; no more than its leaving saved the plain steps decoded (`_PlainSteps`).
             row = t - cost.batch(tuple(r for r in plain if r[0] != sid), cells)
-            bids[sid] = Bid(seq.expect, seq.extra, t, row)
+            if saving is not None:
+                row = min(row, saving)
+            bids[sid] = Bid(seq.expect, seq.extra, t, row) if sid in decoding else Bid(1.0, 0.0, t, row)
             self._accounts.setdefault(sid, Account())
-        slack = 1.0 - self.running[min(decoding)].config.fallback_margin
+        slack = 1.0 - self.running[min(streams)].config.fallback_margin
         held, bids = withdrawals(bids, self._accounts, slack)
         for sid in held:
             i = next(i for i, (s, _) in enumerate(asked) if s == sid)
