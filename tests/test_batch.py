@@ -212,6 +212,14 @@ def test_a_draft_that_leaves_the_others_behind_is_taken_back(weights: Weights, s
     b = Batch(weights, 3, ngram=source == "ngram", draft=draft)
     b.cost = HeldPrices()
     b.drafters[0] = b.drafters[2] = None
+    orders: list[list[int]] = []
+    decode_many = b.ctx.decode_many
+
+    def recorded(batch: list[tuple[int, list[int], int]], copy: bool = True) -> object:
+        orders.append([sid for sid, _, _ in batch])
+        return decode_many(batch, copy=copy)
+
+    b.ctx.decode_many = recorded  # type: ignore[method-assign]
     try:
         for i, r in enumerate(reqs):
             b.add(i, r)
@@ -219,6 +227,9 @@ def test_a_draft_that_leaves_the_others_behind_is_taken_back(weights: Weights, s
         for i in range(3):
             assert b.runs[i].tokens == want[i].tokens, f"sequence {i} parted from its solo run"
         assert b.loop.stats.withdrawn > 0
+        # The one taken back decides last, but the decode holds the streams in order: llama.cpp
+        # would split streams 0, 2, 1 into more passes than 0, 1, 2.
+        assert all(order == sorted(order) for order in orders)
     finally:
         b.close()
         if draft is not None:
