@@ -446,7 +446,12 @@ class Context:
 
         copy=False returns views of llama.cpp's logits buffer, valid only until the next decode on
         this context: for a caller that reads them at once (engine.step), a 65-row verification
-        spares copying 12 MiB of which it reads the rows up to the first rejection."""
+        spares copying 12 MiB of which it reads the rows up to the first rejection.
+
+        The batch goes to llama.cpp in sequence order, whatever order the parts come in: it splits
+        a batch into passes of consecutive sequences in the order it holds them (engine.layout),
+        so one plain row on each of sequences 1, 2, 3, 0 ran as two passes, 148 ms against 125 ms
+        on the padded pair (SmolLM2: 28.4 against 25.2)."""
         n = sum(len(t) for _, t, _ in parts)
         if n > self.n_batch:
             raise EngineError(f"batch of {n} exceeds n_batch {self.n_batch}")
@@ -454,12 +459,14 @@ class Context:
             have = len(self._held[seq].tokens)
             if have + len(tokens) > self.n_ctx:
                 raise ContextFull(f"{have + len(tokens)} tokens do not fit in {self.n_ctx}")
-        self._run(parts)
+        order = sorted(range(len(parts)), key=lambda i: parts[i][0])
+        self._run([parts[i] for i in order])
         out = self._logits(sum(read for _, _, read in parts), copy)
-        result: list[np.ndarray | None] = []
+        result: list[np.ndarray | None] = [None] * len(parts)
         at = 0
-        for _, _, read in parts:
-            result.append(out[at : at + read] if read else None)
+        for i in order:
+            read = parts[i][2]
+            result[i] = out[at : at + read] if read else None
             at += read
         return result
 
