@@ -15,7 +15,7 @@ class Fixed(CostModel):
     def observe_step(self, n: int, seconds: float, same: bool = False, cells: int = 0) -> None:
         pass
 
-    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+    def observe_draft(self, n_tokens: int, seconds: float, company: float = 1.0) -> None:
         pass
 
     def observe_catchup(self, n_tokens: int, seconds: float) -> None:

@@ -277,6 +277,62 @@ def test_a_model_draft_waits_while_a_prompt_comes_in(weights: Weights, smollm2: 
         draft.close()
 
 
+class PairPrices(HeldPrices):
+    """Prices under which no lone model draft pays beside another stream's plain row, but two
+    drafting together do (engine.together): a flat curve (each row 10% of a step), a draft step
+    40% of a target step, a stream's pass beside others' at twice its price alone, and a draft
+    row beside another half a draft step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t_step = [0.0] + [0.01 * (1 + 0.1 * (n - 1)) for n in range(1, 14)]
+        self.t_draft, self.t_catchup, self.beside = 0.004, 0.0001, 2.0
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_model_drafts_that_pay_only_together_are_made_together(weights: Weights, smollm2: object,
+                                                               together: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sequences, each drafting from the model on its stream of one draft context (the
+    target's own weights, trusted to agree: acceptance prior 0.95). Each sequence alone sees its
+    draft beside the other's plain row, which does not pay at these prices; drafting together, the
+    draft steps carry both rows and the verify rows go in one pass, which does. With the joint
+    offer they draft together, without it neither drafts while the other runs (the one left
+    alone at the end may); both outputs are their solo runs."""
+    import sidecar.engine.step as step
+
+    if not together:
+        monkeypatch.setattr(step, "choose", lambda *a, **k: None)
+    drafts: list[int] = []  # the model drafts each draft batch made
+    propose = step.propose_together
+
+    def counted(asks: list[object]) -> object:
+        drafts.append(len(asks))
+        return propose(asks)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(step, "propose_together", counted)
+    reqs = [request(weights, 0, n=40), request(weights, 2, n=40)]
+    want = [solo(weights, r) for r in reqs]
+    draft = Context(weights, ContextParams(n_ctx=N_CTX, n_batch=512, n_seq=2))
+    b = Batch(weights, 2, draft=draft)
+    b.cost = PairPrices()
+    b.cost.explored.add("model")  # no exploring probe (Plan._nothing_pays): every draft is a decision
+    b.config = replace(b.config, n_max=8, acceptance_prior=0.95)
+    try:
+        for i, r in enumerate(reqs):
+            b.add(i, r)
+        list(b.drain())
+        for i in range(2):
+            assert b.runs[i].tokens == want[i].tokens, f"sequence {i} parted from its solo run"
+        if together:
+            assert b.loop.stats.together > 0 and drafts.count(2) > 1
+            assert b.loop.stats.withdrawn == 0
+        else:
+            assert 2 not in drafts
+    finally:
+        b.close()
+        draft.close()
+
+
 def test_mixed_options_share_one_batch(weights: Weights) -> None:
     """Greedy, seeded sampling, a JSON format, logprobs and a stop string, in the same steps."""
     fmt = gbnf_for_format({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]})

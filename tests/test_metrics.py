@@ -40,6 +40,7 @@ class FakeServed:
     rows: int = 0
     cached_tokens: int = 0
     withdrawn: int = 0
+    together: int = 0
 
     def status(self) -> FakeServed:
         return self
@@ -142,7 +143,8 @@ async def test_models_config_upstream(aiohttp_client: Factory) -> None:
     assert s["sidecar_config_last_reload_successful"] == 1
     assert s['sidecar_config_reloads_total{result="failure"}'] == 0
 
-    shared = FakeServed(busy=2, steps=10, rows=35, cached_tokens=900, withdrawn=4)  # two pairs riding on one target
+    # Two pairs riding on one target.
+    shared = FakeServed(busy=2, steps=10, rows=35, cached_tokens=900, withdrawn=4, together=6)
     rt.pending = 3  # the two running on it, and one waiting
     rt.loaded = [(FakeEntry("a:1"), shared), (FakeEntry("b:1"), shared), (FakeEntry("c:1"), FakeServed())]
     metrics.observe_model_load(app, "a:1", 2.0)
@@ -160,6 +162,7 @@ async def test_models_config_upstream(aiohttp_client: Factory) -> None:
     assert s['sidecar_batch_rows_per_step{model="b:1"}'] == 3.5
     assert s['sidecar_prefix_cache_tokens{model="a:1"}'] == 900
     assert s['sidecar_batch_withdrawn_drafts{model="b:1"}'] == 4
+    assert s['sidecar_batch_joint_drafts{model="b:1"}'] == 6
     assert s['sidecar_batch_rows_per_step{model="c:1"}'] == 0
     assert s['sidecar_model_load_seconds_count{model="a:1"}'] == 1
     assert s['sidecar_model_load_seconds_sum{model="a:1"}'] == 2.0

@@ -63,6 +63,10 @@ class SpeculativeConfig:
     adaptive: bool = True  # False: always draft n_max (llama.cpp's fixed draft length), no fallback
 
 
+DRAFT_BESIDE = 0.5
+"""What one more sequence's row adds to a draft step before any were made together, as a share of a
+lone draft step (CostModel.draft_beside)."""
+
 SHARED_MIN, SHARED_MAX = 0.5, 3.0
 """The range a shared step's learnt cost factors (CostModel.shared, .beside) are held in: one decode
 a busy machine slowed must not price every shared step at ten times the curve."""
@@ -107,6 +111,11 @@ class CostModel(Calibration):
         # What a pass of one stream costs beside other sequences' rows over the curve's price at
         # the step's depth (a draft's rows past the others', which a shared step's cache slows).
         self.beside = 1.0
+        # What one more sequence's row adds to a draft step, as a share of a lone draft step
+        # (t_draft): the draft model's passes carry every sequence drafting with it
+        # (drafters.propose_together). SmolLM2 on 2 cores: a row on each of two streams 17.9 ms,
+        # one 11.7 ms (0.53). Learnt from the drafts made together (observe_draft); this until then.
+        self.draft_beside = DRAFT_BESIDE
         # What one more KV_BLOCK of cache adds to a pass, as a share of its price at one block (where
         # calibrate times the curve). t_step holds prices at one block, and a pass is priced at the
         # depth it attends over (`_at`): a request's plain steps keep the one-row price current as
@@ -323,9 +332,22 @@ class CostModel(Calibration):
         (shares, draft, catchup), t1 = self._quiet, self.t_step[1]  # type: ignore[misc]
         return [s * t1 for s in shares], draft * t1, catchup * t1
 
-    def observe_draft(self, n_tokens: int, seconds: float) -> None:
-        if n_tokens > 0:
-            self.t_draft = self._ewma(self.t_draft, seconds / n_tokens)
+    def observe_draft(self, n_tokens: int, seconds: float, company: float = 1.0) -> None:
+        """A draft of `n_tokens` that took `seconds`: alone, a price of the lone draft step; made
+        with others' (an even share of passes that carried `company` rows on average), what a row
+        beside others adds (`draft_beside`), the lone step's price staying as it is."""
+        if n_tokens <= 0:
+            return
+        per = seconds / n_tokens
+        if company <= 1.0 or self.t_draft <= 0:
+            self.t_draft = self._ewma(self.t_draft, per)
+        else:
+            beside = (per * company / self.t_draft - 1.0) / (company - 1.0)
+            self.draft_beside = self.draft_beside + self._smooth * (min(1.0, max(0.0, beside)) - self.draft_beside)
+
+    def draft_step(self, rows: int) -> float:
+        """What a draft step carrying `rows` sequences' rows costs (engine.together)."""
+        return self.t_draft * (1.0 + self.draft_beside * max(0, rows - 1))
 
     def observe_catchup(self, n_tokens: int, seconds: float) -> None:
         if n_tokens >= 8:  # a handful of tokens is dominated by fixed costs, not the per-token rate

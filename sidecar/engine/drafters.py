@@ -83,6 +83,7 @@ class Proposal:
     step_seconds: float | None = None  # the drafting steps alone; the cost model's per-token basis
     caught_up: int = 0  # tokens prefilled to catch the drafter's cache up before drafting
     lag: int = 0  # tokens a costly drafter must prefill before it can draft (see max_tokens = 0)
+    company: float = 1.0  # the rows its draft steps carried, on average (propose_together): 1 alone
 
 
 class Drafter(Protocol):
@@ -306,8 +307,12 @@ def propose_together(asks: Sequence[tuple[ModelDrafter, Sequence[int], int, Gram
     batches their verification (engine.step); each sequence's draft is what it would draft alone.
     Each drafter first catches its stream up with its context (a catch-up after target-only
     stretches is a one-off, timed apart; the token or two missed after a fully accepted round
-    recur, so they count as drafting cost). The time is shared out evenly among the drafts."""
+    recur, so they count as drafting cost). The time is shared out evenly among the drafts, and
+    each says how many rows the draft steps carried on average (`company`), so the cost model
+    learns what a row beside others adds (CostModel.observe_draft)."""
     t0 = time.perf_counter()
+    steps = rows = 0  # draft steps, and the rows they carried
+    together = len({id(a[0].ctx.base) if isinstance(a[0].ctx, SeqView) else id(a[0]) for a in asks}) == 1
     draws = [_Draw(*ask) for ask in asks]
     try:
         caught_up = sum(d.caught_up for d in draws)
@@ -320,6 +325,7 @@ def propose_together(asks: Sequence[tuple[ModelDrafter, Sequence[int], int, Gram
                 d.caught_up = 0
         live = [d for d in draws if d.feed is not None]
         while live:
+            steps, rows = steps + 1, rows + (len(live) if together else 1)
             for d, logits in zip(live, _decode_draws(live), strict=True):
                 d.take(logits)
             live = [d for d in live if d.feed is not None]
@@ -332,8 +338,9 @@ def propose_together(asks: Sequence[tuple[ModelDrafter, Sequence[int], int, Gram
             d.close()
     now = time.perf_counter()
     share = 1.0 / max(1, len(draws))
-    return [Proposal(d.tokens, Support(), d.qs, (now - t0) * share, (now - t_steps) * share, d.caught_up)
-            for d in draws]
+    company = rows / steps if steps else 1.0
+    return [Proposal(d.tokens, Support(), d.qs, (now - t0) * share, (now - t_steps) * share, d.caught_up,
+                     company=company) for d in draws]
 
 
 def _decode_draws(live: Sequence[_Draw]) -> list[np.ndarray]:

@@ -31,6 +31,7 @@ from sidecar.engine import adaptive
 from sidecar.engine.adaptive import ALONE, CostModel, SpeculativeConfig, Step, expected_tokens, round_seconds
 from sidecar.engine.drafters import Support
 from sidecar.engine.tally import Tally
+from sidecar.engine.together import Offer
 
 
 class Key(NamedTuple):
@@ -352,6 +353,28 @@ class Plan:
         """The step took this round's draft back (engine.fair): it ran plain."""
         self._last = None
 
+    def offer(self, produced: int, remaining: float, room: int) -> Offer | None:
+        """This round's model draft, priced for a step that drafts it with other sequences'
+        (engine.together); None where the costly source may not draft now (none, switched off,
+        nothing to propose, no room). Changes nothing: `join` takes the round if the step does."""
+        c, i = self.config, self._costly
+        k_cap = int(min(c.n_max, remaining - 1, room, len(self.cost.t_step) - 2))
+        if not (self.enabled and c.adaptive) or i is None or produced < self.probing.off_until or k_cap < c.n_min:
+            return None
+        src = self.sources[i]
+        support = src.support()
+        if not support.ready:
+            return None
+        share = 1.0 - self.tally.free_tokens / produced if produced >= 32 else 1.0
+        return Offer(i, support, self._expected(i, support, k_cap), src.lag(), min(remaining, c.horizon) * share)
+
+    def join(self, rnd: Round) -> None:
+        """The step drafts `rnd` from the model with other sequences (engine.together), whatever
+        `decide` answered: book it as `decide` books a model round it picks."""
+        self._last = self._key(rnd.source, rnd.support)
+        self._rent = self._price = 0.0
+        self.fallback = None
+
     def _unprobed(self, step: Step) -> None:
         """A plain step towards the pair's probe budget, in wall time: a sequence in a step with
         others counts its share of it, since a probe's catch-up holds up the whole step."""
@@ -403,14 +426,16 @@ class Plan:
 
     def record(self, rnd: Round, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,
                produced: int, step_seconds: float | None = None, caught_up: int = 0, rows: int = 0,
-               observe: bool = True, plain_seconds: float | None = None, step: Step = ALONE) -> None:
+               observe: bool = True, plain_seconds: float | None = None, step: Step = ALONE,
+               company: float = 1.0) -> None:
         """Account one round as decided (`rnd`) and as it went: `drafted` tokens (0: a plain step;
         a drafter may propose fewer than rnd.k), `accepted` of them. step_seconds: drafting without
         catch-up, which prefilled `caught_up` tokens. rows: the batch decoded (drafted + 1 unless
         padded). observe: `verify_seconds` timed these rows alone (in a shared step it timed the
         other sequences' rows too, and teaches the cost model nothing). plain_seconds: in a shared
         step, what the round's tokens had cost stepping plain there (CostModel.shares); alone,
-        a one-row step each. step: the step the round was decided for (its depth, Step.cells)."""
+        a one-row step each. step: the step the round was decided for (its depth, Step.cells). company:
+        the rows its draft steps carried (drafters.Proposal.company)."""
         rows = rows or drafted + 1
         # A lone probe corrects a disturbance's prices; in a shared step its draft's time is a share
         # of the drafts made with it (drafters.propose_together), which says nothing of a lone draft.
@@ -440,7 +465,7 @@ class Plan:
         probing.idle = 0  # evidence arrived: count plain steps before the next probe anew
         self.cost.unprobed = 0.0
         draft = draft_seconds if step_seconds is None else step_seconds
-        self.cost.observe_draft(drafted, draft)
+        self.cost.observe_draft(drafted, draft, company)
         # A catch-up prefill is paid once, when drafting starts; whether to go on drafting must
         # not count it (it would stop drafting just as the investment starts to pay).
         plain = (accepted + 1) * self.cost.added(1, step) if plain_seconds is None else plain_seconds

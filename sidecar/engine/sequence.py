@@ -64,6 +64,7 @@ from sidecar.engine.logprobs import Logprobs, TokenLogprob, token_logprob
 from sidecar.engine.planner import PLAIN, Plan, Round
 from sidecar.engine.sampling import Sampler, SamplingParams
 from sidecar.engine.text import TextStream, Trigger
+from sidecar.engine.together import Offer
 from sidecar.engine.verify import verify_greedy, verify_rejection, verify_sample_and_match
 from sidecar.engine.window import shift_span, truncate_prompt
 from sidecar.errors import ClientError
@@ -268,8 +269,7 @@ class Sequence:
             self.result.shifts += 1
         # Room for a draft: in the window, and in the step's batch beside the rows before it.
         room = min(self.n_ctx - self.kv_len, self.n_batch - sum(n for _, n in step.rows)) - 1
-        tokens, out, drafter = self.tokens, self.result.tokens, self.drafter
-        live = self.grammar if self.trigger is None or self.trigger.fired else None
+        tokens, out, drafter, live = self.tokens, self.result.tokens, self.drafter, self._live
         rnd = self.plan.decide(len(out), self.limit - len(out), room, step)
         self.expect, self.extra = self.plan.expected(rnd), rnd.seconds
         proposal, shadows = Proposal(), []
@@ -287,6 +287,35 @@ class Sequence:
         assert self._asked is not None
         (rnd, step, shift, shadows), self._asked = self._asked, None
         return self._rows(rnd, proposal, step, shift, shadows)
+
+    @property
+    def _live(self) -> Grammar | None:
+        """The grammar that masks this round's rows, if one does yet (`grammar_after`)."""
+        return self.grammar if self.trigger is None or self.trigger.fired else None
+
+    def offer(self) -> Offer | None:
+        """What this round would give drafting from the model with the step's other sequences
+        (engine.together), after `rows` answered; None where it may not (Plan.offer)."""
+        if self._rest or self.done is not None or self.drafter is None:
+            return None
+        out = self.result.tokens
+        return self.plan.offer(len(out), self.limit - len(out), self.n_ctx - self.kv_len - 1)
+
+    def join(self, want: Rows | Ask, rnd: Round) -> Ask:
+        """The round `rows` answered with `want` drafts `rnd` from the model instead, with the
+        step's other sequences (engine.together)."""
+        assert self.drafter is not None
+        if isinstance(want, Ask):
+            assert self._asked is not None
+            _, step, shift, _ = self._asked
+        else:
+            assert self._round is not None
+            step, shift = self._round.step, want.shift
+        self.plan.join(rnd)
+        self.expect, self.extra = self.plan.expected(rnd), rnd.seconds
+        live = self._live
+        self._asked = (rnd, step, shift, self._shadows(rnd, live))
+        return Ask(self.drafter.sources[rnd.source], self.tokens, rnd.k, live)  # type: ignore[arg-type]
 
     def withdraw(self, want: Rows | Ask) -> Rows:
         """The rows for this round without its draft: the step could not afford it (engine.fair)."""
@@ -373,7 +402,8 @@ class Sequence:
             self.plan.learn(i, shadow.support, known, agree)
         self.plan.record(pending.round, len(draft), m, proposal.seconds, seconds, len(out),
                          proposal.step_seconds, proposal.caught_up, pending.batch, observe=alone,
-                         plain_seconds=None if alone else plain_row + m * per_token, step=pending.step)
+                         plain_seconds=None if alone else plain_row + m * per_token, step=pending.step,
+                         company=proposal.company)
         items: list[Item] = []
         for row, tok in enumerate((*draft[:m], nxt)):
             if self.weights.is_eog(tok):

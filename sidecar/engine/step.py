@@ -19,7 +19,10 @@ What a step holds:
   are taken back (engine.fair).
 - Model drafts for those rows: every sequence whose round drafts from a draft model gets its draft
   from its own stream of the pair's one draft context, all in one llama_decode per draft step
-  (drafters.propose_together).
+  (drafters.propose_together). Since no single sequence's decision sees what its draft costs
+  when the others draft too (the draft steps carry all their rows, the verify rows go in one
+  pass), the sequences on one draft context are offered a joint round once they have decided,
+  where it beats their step (engine.together).
 - A chunk of any prompt being prefilled. While other sequences decode, the chunk is cut so that
   it adds at most `PREFILL_SHARE` times what their rows cost, so running streams keep their pace
   while a long prompt comes in (chunked prefill); alone, a prompt goes in n_batch chunks. What a
@@ -51,12 +54,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from sidecar.engine.adaptive import Step
-from sidecar.engine.drafters import common_prefix, propose_together
+from sidecar.engine.drafters import ModelDrafter, common_prefix, propose_together
 from sidecar.engine.fair import Account, Bid, settle, withdrawals
 from sidecar.engine.layout import runs
 from sidecar.engine.llama import Context
+from sidecar.engine.planner import Round
 from sidecar.engine.sequence import Ask, Item, Rows, Sequence
 from sidecar.engine.seqview import SeqView
+from sidecar.engine.together import Member, choose
 
 PREFILL_SHARE = 1.5  # a prefill chunk may add this many times the decoding rows' cost to a step
 MIN_CHUNK = 4  # ... but never fewer tokens than this, so a prompt always comes in
@@ -72,6 +77,7 @@ class Stats:
     cached_tokens: int = 0  # prompt tokens reused from a stream's cache instead of prefilled
     copied_tokens: int = 0  # ... of which copied from another stream
     withdrawn: int = 0  # drafts a shared step took back: another stream could not afford them (engine.fair)
+    together: int = 0  # model drafts made in joint rounds: each sequence's round overridden (engine.together)
 
 
 @dataclass
@@ -98,6 +104,7 @@ class StepLoop:
         self._chunking: dict[int, _Chunking] = {}  # stream id -> its prompt's chunk pricing
         self._accounts: dict[int, Account] = {}  # stream id -> its standing over shared steps (engine.fair)
         self._held: set[int] = set()  # streams whose drafts the last step took back
+        self._joint: set[int] = set()  # streams the last step drafted together (engine.together)
         self.stats = Stats()
 
     @property
@@ -204,6 +211,7 @@ class StepLoop:
                 asked.append((sid, want))
             except BaseException as e:  # this sequence's failure, not the step's
                 drop(sid, e)
+        self._together(asked, planned, tokens, deepest(planned))
         bids, self._held = self._fair(asked, planned, deepest(planned), set(decoding))
         parts: list[tuple[int, Rows]] = []
         for sid, rows in self._drafted(asked, drop):
@@ -284,6 +292,43 @@ class StepLoop:
                 drafted[sid] = self.running[sid].drafted(proposal)
         return [(sid, a if isinstance(a, Rows) else drafted[sid]) for sid, a in asked
                 if isinstance(a, Rows) or sid in drafted]
+
+    def _together(self, asked: list[tuple[int, Rows | Ask]], planned: dict[int, int], tokens: dict[int, float],
+                  cells: int) -> None:
+        """Offer the decoding sequences on one draft context a round that drafts from the model
+        together, where it beats the step as they decided it (engine.together)."""
+        groups: dict[int, list[Member]] = {}
+        for sid, want in asked:
+            if sid not in tokens or (isinstance(want, Rows) and len(want.tokens) > 1):
+                continue  # a prompt coming in, or a free source's draft
+            seq = self.running[sid]
+            offer = seq.offer()
+            if offer is None:
+                continue
+            src = seq.drafter.sources[offer.source]  # type: ignore[union-attr]
+            if not isinstance(src, ModelDrafter):
+                continue  # drafted on its own
+            key = id(src.ctx.base if isinstance(src.ctx, SeqView) else src.ctx)
+            groups.setdefault(key, []).append(Member(sid, offer, want.k if isinstance(want, Ask) else 0))
+        joint: set[int] = set()
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            first = self.running[members[0].sid]
+            need = 1.0 if {m.sid for m in members} <= self._joint else first.config.min_gain
+            got = choose(members, planned, tokens, first.cost, cells, self.target.n_batch, need)
+            if got is None:
+                continue
+            k, extra = got
+            for m in members:
+                i = next(i for i, (s, _) in enumerate(asked) if s == m.sid)
+                seq = self.running[m.sid]
+                rnd = Round(m.offer.source, k, k + 1, m.offer.support, seconds=extra)
+                asked[i] = (m.sid, seq.join(asked[i][1], rnd))
+                planned[m.sid], tokens[m.sid] = k + 1, seq.expect
+                joint.add(m.sid)
+        self._joint = joint
+        self.stats.together += len(joint)
 
     def _fair(self, asked: list[tuple[int, Rows | Ask]], planned: dict[int, int], cells: int, decoding: set[int]
               ) -> tuple[dict[int, Bid], set[int]]:

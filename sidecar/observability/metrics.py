@@ -144,6 +144,10 @@ class _RuntimeCollector:
         withdrawn = GaugeMetricFamily(f"{PREFIX}_batch_withdrawn_drafts",
                                       "Drafts the pair's target's shared steps took back since it loaded: "
                                       "another stream in the step could not afford them.", labels=["model"])
+        together = GaugeMetricFamily(f"{PREFIX}_batch_joint_drafts",
+                                     "Model drafts made in joint rounds of the pair's target's steps since it "
+                                     "loaded: sequences that draft together where each alone would not.",
+                                     labels=["model"])
         if rt is not None:
             # The runtime counts the running requests among the pending ones: those are the
             # sequences in the targets' batches. (Clamped: a sequence whose client just left
@@ -158,6 +162,7 @@ class _RuntimeCollector:
                 width.add_metric([entry.name], st.rows / st.steps if st.steps else 0.0)
                 cached.add_metric([entry.name], float(st.cached_tokens))
                 withdrawn.add_metric([entry.name], float(st.withdrawn))
+                together.add_metric([entry.name], float(st.together))
             targets.add_metric([], float(len({id(lm) for _, lm in pairs})))
         else:
             queue.add_metric([], 0.0)
@@ -169,6 +174,7 @@ class _RuntimeCollector:
         yield width
         yield cached
         yield withdrawn
+        yield together
 
 
 class Metrics:

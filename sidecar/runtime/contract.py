@@ -178,6 +178,7 @@ class ModelStatus:
     rows: int = 0  # rows those decodes held (rows / steps: the batch's mean width)
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of prefilled
     withdrawn: int = 0  # drafts its shared steps took back, as another stream could not afford them
+    together: int = 0  # model drafts made in its steps' joint rounds (engine.together)
 
 
 class Model(Protocol):
