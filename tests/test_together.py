@@ -106,3 +106,21 @@ def test_a_row_beside_others_in_a_draft_step_is_learnt() -> None:
         cost.observe_draft(8, 8 * 0.0179 / 2, company=2.0)  # two rows a step: 17.9 ms, half each
     assert cost.t_draft == 0.0117
     assert abs(cost.draft_beside - (0.0179 / 0.0117 - 1)) < 0.01
+
+
+def test_a_model_beside_a_free_source_is_offered_once_its_share_shows() -> None:
+    """A hybrid's request shows how much plain steps make (the model's share) only after 32
+    tokens; before, a joint round could catch an edit's prompt up into the model while n-gram
+    copies it, so its model is not offered. A model-only pair's is, from the first token."""
+    from sidecar.engine.adaptive import SpeculativeConfig
+    from sidecar.engine.planner import Plan, Source
+
+    cost = prices()
+    model = Source("model", has_cost=True, lag=lambda: 400)
+    hybrid = Plan.start(SpeculativeConfig(), cost, [Source("ngram"), model], -1)
+    alone = Plan.start(SpeculativeConfig(), cost, [model], -1)
+    assert hybrid.offer(0, 128, 1000) is None
+    assert hybrid.offer(32, 96, 1000) is not None
+    offered = alone.offer(0, 128, 1000)
+    assert offered is not None and offered.lag == 400 and offered.future == 128
+    assert alone.offer(0, 1, 1000) is None  # no room for a draft

@@ -1,7 +1,9 @@
 """Per request and per round: whether to draft, from which source, how many tokens, at what shape.
 
 `Plan.decide` answers with a value, a `Round` (source, k, rows); `Plan.record` takes the round back
-with what came of it. What a request reports (drafted and accepted tokens, per source) is its
+with what came of it. In a shared step, `Plan.offer` prices the model's draft for a round made
+with other sequences' (engine.together) without deciding anything, and `Plan.join` books the
+round when the step takes it. What a request reports (drafted and accepted tokens, per source) is its
 `Tally` (engine.tally); when to probe a model draft that does not pay is its `Probing`.
 
 Each round drafts the k with the most expected tokens per second (engine.adaptive) from the source
@@ -363,7 +365,10 @@ class Plan:
             return None
         src = self.sources[i]
         support = src.support()
-        if not support.ready:
+        # Beside a free source, a request shows how much of it plain steps make (the model's
+        # share) only after 32 tokens: before, a joint round could catch an edit's prompt up
+        # into the model while n-gram copies it (decide rents that catch-up instead).
+        if not support.ready or (len(self.sources) > 1 and produced < 32):
             return None
         share = 1.0 - self.tally.free_tokens / produced if produced >= 32 else 1.0
         return Offer(i, support, self._expected(i, support, k_cap), src.lag(), min(remaining, c.horizon) * share)
