@@ -17,7 +17,8 @@ from sidecar.engine import adaptive, timing
 from sidecar.engine.adaptive import DEPTH_MAX, CostModel, SpeculativeConfig, Step, expected_tokens
 from sidecar.engine.drafters import Support
 from sidecar.engine.llama import Context, ContextParams, Weights
-from sidecar.engine.planner import PLAIN, RETRY_TOKENS, Key, Plan, Round, Source
+from sidecar.engine.planner import RETRY_TOKENS, Plan
+from sidecar.engine.rounds import PLAIN, Key, Round, Source
 
 INF = math.inf
 # Seconds to verify 1..9 rows. GPU: one pass costs about the same for any n.

@@ -22,7 +22,8 @@ from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Proposa
 from sidecar.engine.grammar import Grammar
 from sidecar.engine.hybrid import HybridDrafter
 from sidecar.engine.llama import Context, ContextParams, Weights
-from sidecar.engine.planner import Plan, Source
+from sidecar.engine.planner import Plan
+from sidecar.engine.rounds import Source
 from sidecar.engine.sampling import SamplingParams
 from sidecar.engine.suffix import SuffixCache, SuffixDrafter
 from tests.models import write_tiny_pair

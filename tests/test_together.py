@@ -6,7 +6,7 @@ sequences on streams 0 and 1, each with a plain row; their drafts always hold.""
 
 from sidecar.engine.adaptive import expected_tokens
 from sidecar.engine.drafters import Support
-from sidecar.engine.planner import Offer
+from sidecar.engine.rounds import Offer
 from sidecar.engine.together import Member, choose, draft_seconds
 from tests.prices import Fixed
 
@@ -113,7 +113,8 @@ def test_a_model_beside_a_free_source_is_offered_once_its_share_shows() -> None:
     tokens; before, a joint round could catch an edit's prompt up into the model while n-gram
     copies it, so its model is not offered. A model-only pair's is, from the first token."""
     from sidecar.engine.adaptive import SpeculativeConfig
-    from sidecar.engine.planner import Plan, Source
+    from sidecar.engine.planner import Plan
+    from sidecar.engine.rounds import Source
 
     cost = prices()
     model = Source("model", has_cost=True, lag=lambda: 400)

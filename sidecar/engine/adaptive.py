@@ -124,10 +124,10 @@ class CostModel(Calibration):
         # Learnt from one-row steps, which run at every depth (`_learn_depth`); 0 until some have.
         self.depth = 0.0
         self._plain_at: dict[int, float] = {}  # blocks -> a one-row step's seconds (moving average)
-        # The pair's acceptance across requests (decayed) per (source, class) (planner.Key), so a
+        # The pair's acceptance across requests (decayed) per (source, class) (rounds.Key), so a
         # new request starts from what this draft has shown rather than from the prior, and a
         # known-bad draft is rarely probed.
-        self.evidence: dict[tuple[str, int], list[float]] = {}  # planner.Key -> [accepted, rejected]
+        self.evidence: dict[tuple[str, int], list[float]] = {}  # rounds.Key -> [accepted, rejected]
         # Plain steps (in wall time) the pair's requests ran since a model draft last gave evidence:
         # what probing it may spend a share of (planner.Plan._probe_affordable), across requests.
         self.unprobed = 0.0

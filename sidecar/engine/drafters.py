@@ -20,7 +20,7 @@ verifier's masked p rejects whatever the grammar forbids. A drafter that learns 
 prompt and output.
 
 Support classes are small integers that mean something only within their source: the planner keys
-its evidence by (source name, class), planner.Key, so two sources' classes never mix.
+its evidence by (source name, class), rounds.Key, so two sources' classes never mix.
 """
 
 from __future__ import annotations

@@ -4,12 +4,12 @@ A pair may draft from the request's own text (n-gram), from earlier requests' ou
 cache) and from a draft model. Which one pays changes from round to round: a long verbatim match is
 near-certain and costs nothing, a model draft costs its steps but guesses text never seen before.
 So the choice is not a fixed precedence but the planner's (engine.planner.Plan), which prices every
-source by its own support class and cost: the decoder hands it one planner.Source per source and
+source by its own support class and cost: the decoder hands it one rounds.Source per source and
 proposes from the one it picks. Where a long match is near-certain the free source's expected gain
 is the larger, and the model's draft pass is skipped, the outcome of llama.cpp's rule (PR #22397:
 the draftless source first) reached by pricing.
 
-Each source's classes are its own: the planner keys evidence by (source name, class) (planner.Key),
+Each source's classes are its own: the planner keys evidence by (source name, class) (rounds.Key),
 and the names of a hybrid's sources differ, so two sources' classes never mix. The decoder holds a
 lone drafter as a one-source hybrid.
 
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from sidecar.engine.drafters import Drafter, Learner, Proposal
 from sidecar.engine.grammar import Grammar
-from sidecar.engine.planner import Source
+from sidecar.engine.rounds import Source
 from sidecar.engine.sampling import Sampler
 
 

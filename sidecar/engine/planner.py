@@ -25,55 +25,15 @@ and later rounds pad a shorter draft up to it. On a CPU t_same is empty and noth
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from sidecar.engine import adaptive
 from sidecar.engine.adaptive import ALONE, CostModel, SpeculativeConfig, Step, expected_tokens, round_seconds
 from sidecar.engine.drafters import Support
+from sidecar.engine.rounds import PLAIN, Key, Offer, Round, Source
 from sidecar.engine.tally import Tally
-from sidecar.engine.together import Offer
 
-
-class Key(NamedTuple):
-    """What acceptance evidence is kept under: a source's name and its class (drafters.Support.cls)."""
-
-    source: str
-    cls: int
-
-
-@dataclass
-class Source:
-    """A drafter as the planner sees it (one per source of a hybrid.HybridDrafter).
-
-    `support` gives the class of its next draft, `lag` the tokens a costly source must prefill
-    before drafting (both from `propose(context, 0)`, which drafts nothing)."""
-
-    name: str = "draft"
-    has_cost: bool = False
-    support: Callable[[], Support] = Support
-    lag: Callable[[], int] = lambda: 0
-
-
-@dataclass(frozen=True)
-class Round:
-    """One round's decision: draft `k` tokens from source `source` and decode `rows` rows (the
-    pending token and the draft, padded to keep a stretch's shape); k = 0 is a plain step. `support`
-    is the class the draft was priced by; `probe` marks a probe of a costly source that does not
-    pay, `retry` a retry (Plan._retry); `seconds`, what the draft adds to the step beyond a plain
-    row, catch-up included (engine.fair; 0 for a probe: its own budget prices it)."""
-
-    source: int = 0
-    k: int = 0
-    rows: int = 1
-    support: Support = field(default_factory=Support)
-    probe: bool = False
-    retry: bool = False
-    seconds: float = 0.0
-
-
-PLAIN = Round()
 PROBE_TOKENS = 8  # a probe's draft: enough for one round to be evidence (a model draft's default n_max)
 RETRY_TOKENS = 2  # a retry's draft (Plan._retry): a rejected one costs ~0.6 steps a token on a CPU
 

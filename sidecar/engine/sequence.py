@@ -61,11 +61,11 @@ from sidecar.engine.grammar import DraftStates, Grammar
 from sidecar.engine.hybrid import HybridDrafter
 from sidecar.engine.llama import EngineError, Weights
 from sidecar.engine.logprobs import Logprobs, TokenLogprob, token_logprob
-from sidecar.engine.planner import PLAIN, Plan, Round
+from sidecar.engine.planner import Plan
+from sidecar.engine.rounds import PLAIN, Offer, Round
 from sidecar.engine.sampling import Sampler, SamplingParams
 from sidecar.engine.text import TextStream, Trigger
-from sidecar.engine.together import Offer
-from sidecar.engine.verify import verify_greedy, verify_rejection, verify_sample_and_match
+from sidecar.engine.verify import verify
 from sidecar.engine.window import shift_span, truncate_prompt
 from sidecar.errors import ClientError
 
@@ -391,7 +391,7 @@ class Sequence:
             return sampler.probs(logits[i], seen, mask)
 
         try:
-            m, nxt = _verify(sampler, draft, proposal, p_at)
+            m, nxt = verify(sampler, draft, proposal.q, p_at)
         finally:
             states.close()
         self.kv_len = len(tokens) + m  # keep the pending token and the accepted drafts
@@ -485,17 +485,6 @@ class Sequence:
         del self.tokens[keep : keep + discard]
         self.kv_len -= discard
         return keep, discard
-
-
-def _verify(sampler: Sampler, draft: abc.Sequence[int], proposal: Proposal,
-            p_at: Callable[[int], np.ndarray]) -> tuple[int, int]:
-    if sampler.params.greedy:
-        return verify_greedy(draft, p_at)
-    if not draft:
-        return 0, sampler.draw(p_at(0))
-    if proposal.q is not None:
-        return verify_rejection(draft, proposal.q, p_at, sampler.rng)
-    return verify_sample_and_match(draft, p_at, sampler.rng)
 
 
 def _renderer(piece: Callable[[int], bytes], special: Callable[[int], bytes],

@@ -58,7 +58,7 @@ from sidecar.engine.drafters import ModelDrafter, common_prefix, propose_togethe
 from sidecar.engine.fair import Account, Bid, settle, withdrawals
 from sidecar.engine.layout import runs
 from sidecar.engine.llama import Context
-from sidecar.engine.planner import Round
+from sidecar.engine.rounds import Round
 from sidecar.engine.sequence import Ask, Item, Rows, Sequence
 from sidecar.engine.seqview import SeqView
 from sidecar.engine.together import Member, choose

@@ -32,21 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sidecar.engine.adaptive import CostModel, draft_lengths
-from sidecar.engine.drafters import Support
-
-
-@dataclass(frozen=True)
-class Offer:
-    """What a sequence's round would give drafting from its model (planner.Plan.offer): the
-    source and class, the expected tokens of k = 0..k_cap drafted tokens, the tokens its draft
-    model must catch up first, and the tokens a catch-up is repaid over (at most `horizon` to go,
-    times the share plain steps made, as Plan.decide weighs one sequence's catch-up)."""
-
-    source: int
-    support: Support
-    expected: list[float]
-    lag: int
-    future: float
+from sidecar.engine.rounds import Offer
 
 
 @dataclass(frozen=True)
@@ -68,7 +54,7 @@ def draft_seconds(cost: CostModel, ks: Sequence[int]) -> float:
 def choose(members: Sequence[Member], rows: dict[int, int], tokens: dict[int, float], cost: CostModel,
            cells: int, n_batch: int, need: float) -> tuple[int, float] | None:
     """The draft length every member drafts, and what each one's draft then adds to the step
-    (planner.Round.seconds, its share of the draft steps, rows and catch-ups beyond plain rows);
+    (rounds.Round.seconds, its share of the draft steps, rows and catch-ups beyond plain rows);
     None: the step as decided. `rows` and `tokens` are every sequence's rows and expected tokens
     as decided (a prompt's chunk has rows and no tokens)."""
     if cost.t_step[1] <= 0 or cost.t_draft <= 0:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from sidecar.engine.sampling import draw
+from sidecar.engine.sampling import Sampler, draw
 
 DistFn = Callable[[int], np.ndarray]
 
@@ -59,3 +59,16 @@ def verify_rejection(
         # total == 0 only when p == q exactly, where rejection has probability 0; be safe anyway.
         return i, draw(residual if total > 0.0 else p, rng)
     return len(draft), draw(p_at(len(draft)), rng)
+
+
+def verify(sampler: Sampler, draft: Sequence[int], q: list[np.ndarray] | None, p_at: DistFn) -> tuple[int, int]:
+    """The verifier a round calls for: greedy under greedy sampling, rejection sampling where the
+    drafter gave its distributions q, sample-and-match otherwise; a round with no draft draws its
+    one token from p."""
+    if sampler.params.greedy:
+        return verify_greedy(draft, p_at)
+    if not draft:
+        return 0, sampler.draw(p_at(0))
+    if q is not None:
+        return verify_rejection(draft, q, p_at, sampler.rng)
+    return verify_sample_and_match(draft, p_at, sampler.rng)
