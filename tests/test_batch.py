@@ -133,6 +133,14 @@ class Batch:
             n += 1
             yield n
 
+    def alongside(self, reqs: list[Request], want: list[Run]) -> None:
+        """Run `reqs` together to their ends, and check each output against its solo run."""
+        for i, r in enumerate(reqs):
+            self.add(i, r)
+        list(self.drain())
+        for i in range(len(reqs)):
+            assert self.runs[i].tokens == want[i].tokens, f"sequence {i} parted from its solo run"
+
     def close(self) -> None:
         self.ctx.close()
 
@@ -174,11 +182,7 @@ def test_batched_model_drafts_equal_each_request_alone(weights: Weights, smollm2
     draft = Context(weights, ContextParams(n_ctx=N_CTX, n_batch=512, n_seq=3))
     b = Batch(weights, 3, draft=draft)
     try:
-        for i, r in enumerate(reqs):
-            b.add(i, r)
-        list(b.drain())
-        for i in range(3):
-            assert b.runs[i].tokens == want[i].tokens
+        b.alongside(reqs, want)
         assert sum(b.runs[i].result.draft_accepted_tokens for i in range(3)) > 0  # type: ignore[union-attr]
     finally:
         b.close()
@@ -221,11 +225,7 @@ def test_a_draft_that_leaves_the_others_behind_is_taken_back(weights: Weights, s
 
     b.ctx._run = recorded  # type: ignore[method-assign]
     try:
-        for i, r in enumerate(reqs):
-            b.add(i, r)
-        list(b.drain())
-        for i in range(3):
-            assert b.runs[i].tokens == want[i].tokens, f"sequence {i} parted from its solo run"
+        b.alongside(reqs, want)
         assert b.loop.stats.withdrawn > 0
         # The one taken back decides last, but llama.cpp gets the streams in order
         # (Context.decode_many): it would split streams 0, 2, 1 into more passes than 0, 1, 2.
@@ -318,11 +318,7 @@ def test_model_drafts_that_pay_only_together_are_made_together(weights: Weights,
     b.cost.explored.add("model")  # no exploring probe (Plan._nothing_pays): every draft is a decision
     b.config = replace(b.config, n_max=8, acceptance_prior=0.95)
     try:
-        for i, r in enumerate(reqs):
-            b.add(i, r)
-        list(b.drain())
-        for i in range(2):
-            assert b.runs[i].tokens == want[i].tokens, f"sequence {i} parted from its solo run"
+        b.alongside(reqs, want)
         if together:
             assert b.loop.stats.together > 0 and drafts.count(2) > 1
             assert b.loop.stats.withdrawn == 0
@@ -346,12 +342,8 @@ def test_mixed_options_share_one_batch(weights: Weights) -> None:
     want = [solo(weights, r) for r in reqs]
     b = Batch(weights, 5, ngram=True)
     try:
-        for i, r in enumerate(reqs):
-            b.add(i, r)
-        list(b.drain())
-        for i in range(5):
-            assert b.runs[i].tokens == want[i].tokens, f"sequence {i}"
-            assert b.runs[i].text == want[i].text
+        b.alongside(reqs, want)
+        assert all(b.runs[i].text == want[i].text for i in range(5))
         assert b.runs[2].text.startswith("{")
         assert [e.logprob for lp in b.runs[3].logprobs for e in lp.entries] == \
             [e.logprob for lp in want[3].logprobs for e in lp.entries]
@@ -605,9 +597,11 @@ def test_each_price_is_asked_at_the_depth_its_step_attends_over(weights: Weights
 
     b.cost.observe_step, b.cost.observe_shared = spy_step, spy_shared  # type: ignore[method-assign]
     try:
-        b.add(0, request(weights, 3, n=24))
+        # The second request joins once the first has run a few steps alone, while it still has
+        # far to go (its drafts may copy 12 tokens a step, so a count of steps is no measure).
+        b.add(0, request(weights, 3, n=160))
         steps = b.drain()
-        for _ in range(12):
+        while len(lone) < 2:
             next(steps)
         b.add(1, request(weights, 1, n=24))
         list(steps)
