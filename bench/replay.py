@@ -42,11 +42,12 @@ from derive_models import smollm2_path  # noqa: E402
 from prompts import PROMPTS, chat  # noqa: E402
 
 from sidecar.engine import planner  # noqa: E402
-from sidecar.engine.adaptive import NGRAM_N_MAX, SpeculativeConfig  # noqa: E402
+from sidecar.engine.adaptive import ALONE, NGRAM_N_MAX, SpeculativeConfig, Step  # noqa: E402
 from sidecar.engine.decoder import Decoder, Request, Result  # noqa: E402
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter  # noqa: E402
 from sidecar.engine.hybrid import HybridDrafter  # noqa: E402
 from sidecar.engine.llama import Context, ContextParams, Weights  # noqa: E402
+from sidecar.engine.rounds import Round  # noqa: E402
 from sidecar.engine.sampling import SamplingParams  # noqa: E402
 from sidecar.engine.timing import prior_curve  # noqa: E402
 from tests.prices import Fixed  # noqa: E402
@@ -63,20 +64,21 @@ CLOCK = Clock()
 _record = planner.Plan.record
 
 
-def charged_record(self: planner.Plan, rnd: planner.Round, drafted: int, accepted: int, draft_seconds: float,
+def charged_record(self: planner.Plan, rnd: Round, drafted: int, accepted: int, draft_seconds: float,
                    verify_seconds: float, produced: int, step_seconds: float | None = None, caught_up: int = 0,
-                   rows: int = 0, observe: bool = True, plain_seconds: float | None = None) -> None:
+                   rows: int = 0, observe: bool = True, plain_seconds: float | None = None, step: Step = ALONE,
+                   company: float = 1.0) -> None:
     """Plan.record with the round's times replaced by its price: the rows at the curve, and for a
     model round its draft tokens and catch-up at the draft's step and per-token prefill."""
     cost = self.cost
-    verify = cost.t_step[rows or drafted + 1]
-    step = draft = 0.0
+    verify = cost.added(rows or drafted + 1)  # the curve, and past it along its last slope
+    steps = draft = 0.0
     if (drafted or caught_up) and self.sources[rnd.source].has_cost:  # a probe may catch up and draft nothing
-        step = drafted * cost.t_draft
-        draft = step + caught_up * cost.t_catchup
+        steps = drafted * cost.t_draft
+        draft = steps + caught_up * cost.t_catchup
     CLOCK.seconds += verify + draft
-    _record(self, rnd, drafted, accepted, draft, verify, produced, None if step_seconds is None else step,
-            caught_up, rows, observe, plain_seconds)
+    _record(self, rnd, drafted, accepted, draft, verify, produced, None if step_seconds is None else steps,
+            caught_up, rows, observe, plain_seconds, step, company)
 
 
 PRICES = ("t_step", "t_same", "t_switch", "t_draft", "t_catchup")  # every price the planner reads
