@@ -227,6 +227,8 @@ def test_a_draft_that_leaves_the_others_behind_is_taken_back(weights: Weights, s
     try:
         b.alongside(reqs, want)
         assert b.loop.stats.withdrawn > 0
+        # Each request reports its own (the request's log line carries it).
+        assert sum(b.runs[i].result.withdrawn for i in range(3)) == b.loop.stats.withdrawn  # type: ignore[union-attr]
         # The one taken back decides last, but llama.cpp gets the streams in order
         # (Context.decode_many): it would split streams 0, 2, 1 into more passes than 0, 1, 2.
         assert all(order == sorted(order) for order in orders)

@@ -251,7 +251,7 @@ def log_request(request: web.Request, model: str | None, o: Outcome | None, stat
         drafter=o.drafter, draft_tokens=o.draft_tokens, draft_accepted_tokens=o.draft_accepted_tokens,
         draft_rounds=o.draft_rounds, draft_sources={k: list(v) for k, v in o.drafts_by_source.items()},
         acceptance=round(o.draft_accepted_tokens / o.draft_tokens, 3) if o.draft_tokens else None,
-        fallback=o.fallback,
+        fallback=o.fallback, withdrawn=o.withdrawn,
     )
 
 

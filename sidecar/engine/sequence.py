@@ -98,6 +98,7 @@ class Result:
     prompt_truncated: int = 0  # prompt tokens dropped to fit the window (prompt_tokens counts the rest)
     prompt_cached: int = 0  # prompt tokens whose KV was reused, not evaluated (prompt_tokens counts them too)
     shifts: int = 0  # context shifts during generation
+    withdrawn: int = 0  # drafts shared steps took back (engine.fair), for the request's log line
 
 
 @dataclass
@@ -329,6 +330,7 @@ class Sequence:
             # evidence, so a copy that is taken back is still learnt and priced (`_shadows`).
             step, shift, shadows = pending.step, want.shift, [(pending.round.source, pending.proposal)]
         self.plan.withdraw()
+        self.result.withdrawn += 1
         self.expect, self.extra = 1.0, 0.0
         return self._rows(PLAIN, Proposal(), step, shift, shadows)
 

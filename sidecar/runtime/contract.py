@@ -122,6 +122,7 @@ class Outcome:
     drafter: str | None = None  # what drafted (for the request's log line)
     prompt_truncated: int = 0  # prompt tokens dropped to fit the window
     shifts: int = 0  # context shifts during generation
+    withdrawn: int = 0  # drafts shared steps took back, as another stream could not afford them
     load_seconds: float = 0.0
     context: list[int] = field(default_factory=list)  # prompt plus output tokens (Ollama's `context`)
 
