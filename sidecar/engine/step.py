@@ -279,8 +279,7 @@ class StepLoop:
         drafted: dict[int, Rows] = {}
         groups: dict[int, list[tuple[int, Ask]]] = {}
         for sid, a in asks:
-            ctx = a.drafter.ctx
-            groups.setdefault(id(ctx.base if isinstance(ctx, SeqView) else ctx), []).append((sid, a))
+            groups.setdefault(_context_of(a.drafter), []).append((sid, a))
         for group in groups.values():
             try:
                 proposals = propose_together([(a.drafter, a.context, a.k, a.grammar) for _, a in group])
@@ -308,8 +307,7 @@ class StepLoop:
             src = seq.drafter.sources[offer.source]  # type: ignore[union-attr]
             if not isinstance(src, ModelDrafter):
                 continue  # drafted on its own
-            key = id(src.ctx.base if isinstance(src.ctx, SeqView) else src.ctx)
-            groups.setdefault(key, []).append(Member(sid, offer, want.k if isinstance(want, Ask) else 0))
+            groups.setdefault(_context_of(src), []).append(Member(sid, offer, want.k if isinstance(want, Ask) else 0))
         joint: set[int] = set()
         for members in groups.values():
             if len(members) < 2:
@@ -411,6 +409,12 @@ class StepLoop:
                 if isinstance(got, BaseException):
                     raise got
                 yield from got
+
+
+def _context_of(drafter: ModelDrafter) -> int:
+    """The draft context a model drafter's stream belongs to: drafts on one are made together."""
+    ctx = drafter.ctx
+    return id(ctx.base if isinstance(ctx, SeqView) else ctx)
 
 
 def pad_widths(widths: abc.Sequence[tuple[int, int]], room: dict[int, int], n_batch: int) -> dict[int, int]:
