@@ -83,3 +83,25 @@ def test_a_stream_that_ended_gives_no_negative_lead() -> None:
     accounts = fresh(2)
     settle({0: Bid(0.0, 0.0, 1.0, 0.2), 1: PLAIN}, accounts)
     assert accounts[1].ahead == 0.0
+
+
+def test_streams_behind_are_not_held_there_by_each_others_drafts() -> None:
+    """Two streams seven plain steps behind (their prompts waited for copies beside them), and all
+    four streams copying, five tokens each for 1.7 plain steps more: the step brings both nearer
+    (each makes four tokens more and loses less than that to the others' rows), so it runs. Taking
+    every draft back, as the check once did (each draft costs the other short stream a little),
+    left both where they were, and every later step the same."""
+    accounts = {i: Account(plain=100.0) for i in range(4)}
+    accounts[2].ahead = accounts[3].ahead = -7.0
+    step = bids(*[(6.0, 1.7)] * 4)
+    assert withdrawals(step, accounts, SLACK)[0] == []
+    assert all(balance(s, step, accounts[s]) > accounts[s].ahead for s in (2, 3))
+
+
+def test_a_stream_behind_still_refuses_drafts_that_set_it_further_back() -> None:
+    """Behind, and unable to draft itself: a copy whose lead does not repay its wait is taken back
+    as for any stream past the slack."""
+    accounts = {i: Account(plain=100.0) for i in range(2)}
+    accounts[1].ahead = -7.0
+    step = bids((6.0, 1.5), (1.0, 0.0))
+    assert withdrawals(step, accounts, SLACK)[0] == [0]

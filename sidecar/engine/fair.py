@@ -20,8 +20,14 @@ stream in it (`balance`):
 - every draft in the step costs it the seconds the draft adds (Round.seconds).
 
 While a stream would fall behind plain steps by more than `slack` of its plain time (1 -
-SpeculativeConfig.fallback_margin: 3%), the step takes back the draft that costs the others most
-beyond the lead it gives them (`withdrawals`). Copying streams that all draft pay each other's
+SpeculativeConfig.fallback_margin: 3%), and further behind than plain rounds would leave it, the
+step takes back the draft that costs the others most beyond the lead it gives them (`withdrawals`).
+A stream already that far behind is then not held there: drafts that bring it nearer go on.
+Without the second condition, two streams behind by seven plain steps took back each other's
+drafts, and every other stream's, even copies that made five tokens for 1.7 steps more and would
+have brought both nearer: each draft costs the other short stream a little, so all went, and
+nothing but the slack's growth (3% of a plain step a step) moved either account again, for the
+rest of their requests (tests/test_fair.py). Copying streams that all draft pay each other's
 rows with their own tokens and go on; a lone draft goes on only where its lead repays the others'
 wait, or while they are ahead from drafts of their own. A lone sequence's steps are not accounted:
 no one else waits on them.
@@ -70,7 +76,7 @@ def withdrawals(bids: dict[int, Bid], accounts: dict[int, Account], slack: float
     with those drafts taken back."""
     bids, out = dict(bids), []
     while True:
-        short = {s for s, b in bids.items() if balance(s, bids, accounts[s]) < -slack * (accounts[s].plain + b.tau)}
+        short = {s for s, b in bids.items() if _short(s, bids, accounts[s], slack)}
         # What each draft costs the others beyond the lead it gives them; a stream short only by
         # its own account is not helped by taking back its own draft.
         harm = {s: b.extra - lead(b) for s, b in bids.items() if b.extra > 0 and short - {s}}
@@ -79,6 +85,15 @@ def withdrawals(bids: dict[int, Bid], accounts: dict[int, Account], slack: float
             return out, bids
         out.append(worst)
         bids[worst] = replace(bids[worst], tokens=1.0, extra=0.0)
+
+
+def _short(sid: int, bids: dict[int, Bid], account: Account, slack: float) -> bool:
+    """Whether this step's drafts leave stream `sid` behind plain steps by more than `slack` of its
+    plain time, and further behind than a plain step would: a stream already that far behind is
+    not helped by taking back drafts that bring it nearer (its own, or copies whose lead repays
+    their wait)."""
+    after = balance(sid, bids, account)
+    return after < -slack * (account.plain + bids[sid].tau) and after < account.ahead
 
 
 def settle(bids: dict[int, Bid], accounts: dict[int, Account]) -> None:
