@@ -105,3 +105,28 @@ def test_a_stream_behind_still_refuses_drafts_that_set_it_further_back() -> None
     accounts[1].ahead = -7.0
     step = bids((6.0, 1.5), (1.0, 0.0))
     assert withdrawals(step, accounts, SLACK)[0] == [0]
+
+
+def test_a_stream_with_a_copy_of_its_own_ready_does_not_hold_the_others_back() -> None:
+    """A daemon's step at N = 4 on SmolLM2 (n-gram, the suffix cache's second repetition), from
+    its log: three streams copy, the fourth has a copy of 49 tokens ready but the others' rows
+    priced it out of this step. Its rows merge the others' passes, so no copy gives it a lead.
+    Held for it, the copies were all taken back; the next step it drafted first and the other
+    two copied beside it, who were held for in turn, for the rest of the requests (drafts 17-37
+    tokens a request, against 110-124 in a run that kept in phase). Its own copy brings it back
+    in the next step, where it decides first (engine.step), so the step runs."""
+    accounts = {
+        0: Account(plain=1.372, ahead=-0.0373),
+        1: Account(plain=1.372, ahead=-0.0373),
+        2: Account(plain=1.346, ahead=0.4257),
+        3: Account(plain=1.346, ahead=-0.0373),
+    }
+    step = {
+        0: Bid(49.0, 0.2715, 0.0291, -0.0007),
+        1: Bid(48.99, 0.1031, 0.0291, -0.0096),
+        2: Bid(17.0, 0.0375, 0.0291, -0.0096),
+        3: Bid(1.0, 0.0, 0.0291, -0.0007),
+    }
+    assert withdrawals(step, accounts, SLACK)[0] == [0, 1, 2]  # no copy of its own ready: held for
+    step[3] = Bid(1.0, 0.0, 0.0291, -0.0007, could=48.99)
+    assert withdrawals(step, accounts, SLACK)[0] == []

@@ -54,6 +54,7 @@ class Bid:
     extra: float  # seconds its draft adds to the step (Round.seconds)
     tau: float  # the step with every round plain
     row: float  # what one plain row adds to that step
+    could: float = 1.0  # tokens its own ready free draft would make (planner.Plan.could): 1, none
 
 
 def balance(sid: int, bids: dict[int, Bid], account: Account) -> float:
@@ -91,9 +92,11 @@ def _short(sid: int, bids: dict[int, Bid], account: Account, slack: float) -> bo
     """Whether this step's drafts leave stream `sid` behind plain steps by more than `slack` of its
     plain time, and further behind than a plain step would: a stream already that far behind is
     not helped by taking back drafts that bring it nearer (its own, or copies whose lead repays
-    their wait)."""
-    after = balance(sid, bids, account)
-    return after < -slack * (account.plain + bids[sid].tau) and after < account.ahead
+    their wait). A copy of its own that it has ready but did not draft beside the others' counts
+    as made: it drafts it in a step of its own (it decides first there, engine.step)."""
+    own = bids[sid]
+    after = balance(sid, bids, account) + max(0.0, own.could - own.tokens) * own.tau
+    return after < -slack * (account.plain + own.tau) and after < account.ahead
 
 
 def settle(bids: dict[int, Bid], accounts: dict[int, Account]) -> None:

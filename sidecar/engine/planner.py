@@ -72,6 +72,10 @@ class Plan:
     _rent: float = 0.0  # seconds plain steps lost to a model held back by its catch-up (decide)
     _price: float = 0.0  # ... and the catch-up it was held back for, when the holding began
     _tried: set[Key] = field(default_factory=set)  # the classes this request has drafted itself (_retry)
+    # Tokens the best draft a free source has ready would make, this round, whatever was decided
+    # (1: none ready): a stream priced out of a step by the others' drafts can still catch up by
+    # its own copy in the next, which the shared step's check counts (engine.fair, Bid.could).
+    could: float = 1.0
 
     @classmethod
     def start(cls, config: SpeculativeConfig, cost: CostModel, sources: Sequence[Source], num_predict: int) -> Plan:
@@ -240,6 +244,7 @@ class Plan:
         `produced` tokens so far, `remaining` at most to go, `room` left in the window; `step`, the
         rest of the decode this round joins (what the other sequences put in it)."""
         c = self.config
+        self.could = 1.0
         if not self.enabled:
             return PLAIN
         k_cap = int(min(c.n_max, remaining - 1, room, len(self.cost.t_step) - 2))
@@ -262,6 +267,8 @@ class Plan:
         held = 0.0  # what a model round would have saved over this plain step, had it not been held back
         for i in ready:  # the first of equals: the configured order
             support = supports[i]
+            if not self.sources[i].has_cost:
+                self.could = max(self.could, self._expected(i, support, k_cap)[-1])
             pad_cap = min(room, len(self.cost.t_step) - 2)
             ki, rows, rate, rank = self._best(i, support, k_cap, pad_cap, step)
             retry = not ki and self._retry(i, support)

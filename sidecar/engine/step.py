@@ -9,8 +9,8 @@ alone and one among many run the same code.
 
 What a step holds:
 - A decoding sequence's rows: its pending token, plus the draft its planner priced for this step
-  (engine.planner, `Step`): in id order (one whose draft the last step took back goes last),
-  each sequence sees the rows the others put in the step
+  (engine.planner, `Step`): the furthest behind plain steps first (one whose draft the last step
+  took back last), each sequence sees the rows the others put in the step
   (those before it as decided, those after it as plain rows), so a draft is taken only where it
   adds more tokens than it slows the whole step down, and drafts shrink as the batch fills. A pass
   over several sequences' streams costs more than as many rows of one stream; every shared decode
@@ -168,8 +168,11 @@ class StepLoop:
         ids = [s for s in sorted(self.running) if not skip(self.running[s])]
         decoding = [s for s in ids if not self.running[s].prefilling]
         # A sequence whose draft the last step took back decides after the others: a draft the
-        # step cannot afford must not crowd out theirs (engine.fair).
-        decoding.sort(key=lambda s: s in self._held)
+        # step cannot afford must not crowd out theirs; and otherwise the furthest behind plain
+        # steps first, so a copy that the others' priced out of one step goes in the next
+        # (engine.fair counts it as made).
+        accounts = self._accounts
+        decoding.sort(key=lambda s: (s in self._held, accounts[s].ahead if s in accounts else 0.0))
 
         def deepest(sids: abc.Iterable[int]) -> int:
             """The cells a pass over these streams attends over: llama.cpp sizes it by the deepest."""
@@ -354,7 +357,7 @@ class StepLoop:
             t = tau[id(cost)]
             # What its row adds: CostModel.added(1) against the others' rows, from the step priced once.
             row = t - cost.batch(tuple(r for r in plain if r[0] != sid), cells)
-            bids[sid] = Bid(seq.expect, seq.extra, t, row) if sid in decoding else Bid(1.0, 0.0, t, row)
+            bids[sid] = Bid(seq.expect, seq.extra, t, row, seq.plan.could) if sid in decoding else Bid(1.0, 0.0, t, row)
             self._accounts.setdefault(sid, Account())
         slack = 1.0 - self.running[min(streams)].config.fallback_margin
         held, bids = withdrawals(bids, self._accounts, slack)
