@@ -101,14 +101,21 @@ class SuffixCache:
         self.max_depth = max_depth
         self.vocab = vocab
         self._bits = max(6, (capacity - 1).bit_length())  # a table slot per cached token, or more
-        # np.zeros: the OS maps pages as they are first written, so an idle cache costs little.
         self._tokens = np.zeros(capacity, np.int32)
+        self._prevs = [np.zeros(capacity, np.int32) for _ in LEVELS]
+        self._heads = [np.zeros(1 << self._bits, np.int32) for _ in LEVELS]
+        # Every page written now, where the cache is made (a pair's load, off the step thread): the
+        # hashed index scatters even one request's writes over every table, and the OS maps a
+        # table's pages (transparent huge pages: 2 MB each) as they are first written, so the first
+        # request learnt into a fresh default cache took 130-150 ms, a stall of the whole batch at
+        # its end; writing all 58 MB here takes about 0.2 s once (bench/suffix_cache.py's figures
+        # are a warm cache's).
+        for table in (self._tokens, *self._prevs, *self._heads):
+            table.fill(0)
         # A separator before the first sequence: then the slot before the oldest live sequence always
         # holds one (an evicted sequence's, or the newest's when the ring is exactly full), so a
         # match never runs back out of its sequence.
         self._tokens[0] = _SEP
-        self._prevs = [np.zeros(capacity, np.int32) for _ in LEVELS]
-        self._heads = [np.zeros(1 << self._bits, np.int32) for _ in LEVELS]
         self._start = self._next = 1  # live positions are [start, next); 0 in a table means empty
         self._ends: deque[int] = deque()  # where each live sequence ends (after its separator)
         self._offsets = np.zeros(0, np.int64)  # _gather's, from a candidate's slot
