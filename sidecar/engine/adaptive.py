@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sidecar.engine.layout import padded_passes, passes, several
+from sidecar.engine.layout import passes, shapes
 from sidecar.engine.timing import Calibration
 
 
@@ -161,7 +161,8 @@ class CostModel(Calibration):
     def batch(self, rows: Sequence[tuple[int, int]], cells: int = 0) -> float:
         """Seconds of one decode holding several sequences' rows, `rows` as (sequence id, rows), in
         the cheaper of its two layouts (`padded`), after `cells` (Step.cells)."""
-        return min(self._split(rows, cells), self._padded(rows, cells))
+        split, padded, several = shapes(rows)
+        return min(self._price(split, several, cells), self._price(padded, several, cells))
 
     def padded(self, rows: Sequence[tuple[int, int]], cells: int = 0) -> bool:
         """Whether the decode is cheaper with every sequence's rows padded to the widest of its run
@@ -169,13 +170,8 @@ class CostModel(Calibration):
         token, never read and rolled back: engine.sequence). Where rows cost little next to a pass
         (a GPU) it is; on a CPU, where each row costs about as much as the pass's fixed part, a
         lone draft is cheaper in a pass of its own."""
-        return self._padded(rows, cells) < self._split(rows, cells)
-
-    def _split(self, rows: Sequence[tuple[int, int]], cells: int) -> float:
-        return self._price(passes(rows), several(rows), cells)
-
-    def _padded(self, rows: Sequence[tuple[int, int]], cells: int) -> float:
-        return self._price(padded_passes(rows), several(rows), cells)
+        split, padded, several = shapes(rows)
+        return self._price(padded, several, cells) < self._price(split, several, cells)
 
     def _price(self, layout: Sequence[tuple[int, int]], several: bool, cells: int) -> float:
         """Seconds of a decode's passes, each (rows, KV streams it spans), `several`: the decode

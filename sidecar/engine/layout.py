@@ -9,6 +9,9 @@ to make runs of one width where that is cheaper).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
+
+Layout = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...], bool]
 
 
 def several(rows: Sequence[tuple[int, int]]) -> bool:
@@ -57,3 +60,17 @@ def runs(rows: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
         else:
             out.append([(s, n)])
     return out
+
+
+def shapes(rows: Sequence[tuple[int, int]]) -> Layout:
+    """A decode's passes both ways, split (`passes`) and padded (`padded_passes`), and whether it
+    holds several sequences' rows: what CostModel.batch prices. Remembered by the rows: a planner
+    prices a dozen candidate drafts for every sequence of every step, the same few shapes over and
+    over (n-gram at N = 4 on SmolLM2: 51 layouts a step; remembering them took the step loop's time
+    outside llama_decode from 1.18 to 1.0 ms a step, against 0.46 ms for plain steps)."""
+    return _shapes(tuple(sorted(rows)))
+
+
+@lru_cache(maxsize=4096)
+def _shapes(rows: tuple[tuple[int, int], ...]) -> Layout:
+    return tuple(passes(rows)), tuple(padded_passes(rows)), several(rows)
