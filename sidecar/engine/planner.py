@@ -72,10 +72,7 @@ class Plan:
     _rent: float = 0.0  # seconds plain steps lost to a model held back by its catch-up (decide)
     _price: float = 0.0  # ... and the catch-up it was held back for, when the holding began
     _tried: set[Key] = field(default_factory=set)  # the classes this request has drafted itself (_retry)
-    # Tokens the best draft a free source has ready would make, this round, whatever was decided
-    # (1: none ready): a stream priced out of a step by the others' drafts can still catch up by
-    # its own copy in the next, which the shared step's check counts (engine.fair, Bid.could).
-    could: float = 1.0
+    _ready: tuple[list[Support], int] = ([], 0)  # the last decision's supports and k_cap (`could`)
 
     @classmethod
     def start(cls, config: SpeculativeConfig, cost: CostModel, sources: Sequence[Source], num_predict: int) -> Plan:
@@ -244,7 +241,7 @@ class Plan:
         `produced` tokens so far, `remaining` at most to go, `room` left in the window; `step`, the
         rest of the decode this round joins (what the other sequences put in it)."""
         c = self.config
-        self.could = 1.0
+        self._ready = ([], 0)
         if not self.enabled:
             return PLAIN
         k_cap = int(min(c.n_max, remaining - 1, room, len(self.cost.t_step) - 2))
@@ -263,12 +260,11 @@ class Plan:
             self._unprobed(step)
             self._last = None
             return PLAIN
+        self._ready = (supports, k_cap)
         best, best_rank = PLAIN, 0.0
         held = 0.0  # what a model round would have saved over this plain step, had it not been held back
         for i in ready:  # the first of equals: the configured order
             support = supports[i]
-            if not self.sources[i].has_cost:
-                self.could = max(self.could, self._expected(i, support, k_cap)[-1])
             pad_cap = min(room, len(self.cost.t_step) - 2)
             ki, rows, rate, rank = self._best(i, support, k_cap, pad_cap, step)
             retry = not ki and self._retry(i, support)
@@ -317,6 +313,14 @@ class Plan:
         self._last = None
         self._rent += held
         return self._nothing_pays(supports, k_cap, Round(ready[0], 0, 1, supports[ready[0]]), step)
+
+    @property
+    def could(self) -> float:
+        """Tokens the best draft a free source had ready at the last decision would make, whatever was
+        decided (1: none); the shared step's check counts it as made (engine.fair, Bid.could)."""
+        supports, k_cap = self._ready
+        ready = [i for i, s in enumerate(supports) if s.ready and not self.sources[i].has_cost]
+        return max([1.0, *(self._expected(i, supports[i], k_cap)[-1] for i in ready)])
 
     def withdraw(self) -> None:
         """The step took this round's draft back (engine.fair): it ran plain."""
