@@ -22,12 +22,14 @@ stream in it (`balance`):
 While a stream would fall behind plain steps by more than `slack` of its plain time (1 -
 SpeculativeConfig.fallback_margin: 3%), and further behind than plain rounds would leave it, the
 step takes back the draft that costs the others most beyond the lead it gives them (`withdrawals`).
-A stream already that far behind is then not held there: drafts that bring it nearer go on.
-Without the second condition, two streams behind by seven plain steps took back each other's
-drafts, and every other stream's, even copies that made five tokens for 1.7 steps more and would
-have brought both nearer: each draft costs the other short stream a little, so all went, and
-nothing but the slack's growth (3% of a plain step a step) moved either account again, for the
-rest of their requests (tests/test_fair.py). Copying streams that all draft pay each other's
+A stream already that far behind is then not held there: drafts that bring it nearer go on. And
+a copy of its own that it has ready, but did not draft beside the others' (planner.Plan.could),
+counts as made: the stream furthest behind decides first in the next step (engine.step), where
+that copy goes. Without these, streams out of phase held each other's copies back for the rest of
+their requests (n-gram at N = 4 on SmolLM2: one pair copied 49 tokens each while the other pair's
+copies were priced out of the step; the pair left plain, given no lead since each of its rows
+merges the others' passes, had the copies taken back, and the next step the roles swapped;
+tests/test_fair.py). Copying streams that all draft pay each other's
 rows with their own tokens and go on; a lone draft goes on only where its lead repays the others'
 wait, or while they are ahead from drafts of their own. A lone sequence's steps are not accounted:
 no one else waits on them.
