@@ -1,6 +1,9 @@
 """SuffixCache micro-benchmark: lookup and add cost, bytes per cached token, and what drafts it makes.
 
-The cache is filled with a synthetic but tokenised-for-real request mix (SmolLM2's tokenizer, ChatML
+It first times making a cache and its first add (the pages of a fresh cache's tables are
+written when it is made: written on first use instead, they stalled that add 3-150 ms, the most
+where the kernel had to compact memory for huge pages). The
+cache is then filled with a synthetic but tokenised-for-real request mix (SmolLM2's tokenizer, ChatML
 turns): tool calls and JSON records filled from varying inputs, questions asked again (Zipf) with
 their fixed answers, and novel prose stitched from the standard library's docstrings. Then held-out
 requests of the same mix are "decoded" against it as the engine would: a lookup per round, a draft
@@ -28,6 +31,8 @@ import tracemalloc
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -200,12 +205,30 @@ def main() -> None:
     for size in (int(s) for s in args.sizes.split(",")):
         stream = work.stream()
         tracemalloc.start()
+        t0 = time.perf_counter()
         cache = SuffixCache(size)
+        made = time.perf_counter() - t0
+        first = work.answers[0]
+        t0 = time.perf_counter()
+        cache.add(first)  # what the step thread waits for at the end of a fresh cache's first request
+        print(f"\ncapacity {size}: made in {made * 1e3:.0f} ms (every page of its tables written), then its"
+              f" first add ({len(first)} tokens) in {(time.perf_counter() - t0) * 1e3:.2f} ms")
+        lazy = SuffixCache(size)  # the same, with tables the OS maps on first write (as before b68bf88)
+        def mapped(a: np.ndarray) -> np.ndarray:
+            return np.zeros(a.shape, a.dtype)  # calloc: pages mapped when first written (zeros_like writes them)
+
+        lazy._tokens, lazy._prevs = mapped(lazy._tokens), [*map(mapped, lazy._prevs)]
+        lazy._heads = [*map(mapped, lazy._heads)]
+        lazy._tokens[0] = cache._tokens[0]
+        t0 = time.perf_counter()
+        lazy.add(first)
+        print(f"  the same first add into a cache mapped on first write: {(time.perf_counter() - t0) * 1e3:.2f} ms")
+        del lazy
         drafter = SuffixDrafter(cache)
         seconds, added = fill(cache, drafter, stream, size)
         traced, _ = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        print(f"\ncapacity {size}: {added} tokens taught, {cache.size} cached in {cache.sequences} sequences")
+        print(f"capacity {size}: {added} tokens taught, {cache.size} cached in {cache.sequences} sequences")
         print(f"  add: {seconds / cache.sequences * 1e3:.2f} ms per sequence of {added / cache.sequences:.0f} tokens"
               f" on average (over the fill, evictions included)")
         big = [t for a in work.answers for t in a][:1000]

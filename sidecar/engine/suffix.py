@@ -106,10 +106,10 @@ class SuffixCache:
         self._heads = [np.zeros(1 << self._bits, np.int32) for _ in LEVELS]
         # Every page written now, where the cache is made (a pair's load, off the step thread): the
         # hashed index scatters even one request's writes over every table, and the OS maps a
-        # table's pages (transparent huge pages: 2 MB each) as they are first written, so the first
-        # request learnt into a fresh default cache took 130-150 ms, a stall of the whole batch at
-        # its end; writing all 58 MB here takes about 0.2 s once (bench/suffix_cache.py's figures
-        # are a warm cache's).
+        # table's pages (numpy asks for 2 MB huge pages) as they are first written, so the first
+        # request learnt into a fresh default cache took 3-150 ms (the most where the kernel had to
+        # compact memory to find huge pages), a stall of the whole batch at its end. Writing all
+        # 58 MB here takes 0.02-0.3 s once (bench/suffix_cache.py times both).
         for table in (self._tokens, *self._prevs, *self._heads):
             table.fill(0)
         # A separator before the first sequence: then the slot before the oldest live sequence always
