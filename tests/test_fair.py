@@ -111,10 +111,11 @@ def test_a_stream_with_a_copy_of_its_own_ready_does_not_hold_the_others_back() -
     """A daemon's step at N = 4 on SmolLM2 (n-gram, the suffix cache's second repetition), from
     its log: three streams copy, the fourth has a copy of 49 tokens ready but the others' rows
     priced it out of this step. Its rows merge the others' passes, so no copy gives it a lead.
-    Held for it, the copies were all taken back; the next step it drafted first and the other
-    two copied beside it, who were held for in turn, for the rest of the requests (drafts 17-37
-    tokens a request, against 110-124 in a run that kept in phase). Its own copy brings it back
-    in the next step, where it decides first (engine.step), so the step runs."""
+    Held for it, the copies were all taken back; the next step it and its neighbour decided
+    first and copied, the other two were priced out and held for in turn, and so on for the rest
+    of the requests (drafts 34-37 tokens a request, against 110-124 in a run that kept in phase).
+    Its own copy brings it back in the next step, where it decides first (engine.step), so the
+    step runs."""
     accounts = {
         0: Account(plain=1.372, ahead=-0.0373),
         1: Account(plain=1.372, ahead=-0.0373),
