@@ -349,6 +349,9 @@ class StepLoop:
         plain = tuple((s, 1 if s in decoding else n) for s, n in planned.items())
         tau: dict[int, float] = {}  # the plain step, once per cost model (the pair's streams share one)
         bids: dict[int, Bid] = {}
+        # A ready copy counts only against drafts (fair.withdrawals takes back only those that add
+        # seconds): in a step without one, nobody's is worked out.
+        drafts = any(self.running[s].extra > 0 for s in streams if s in decoding)
         for sid in streams:
             seq = self.running[sid]
             cost = seq.cost
@@ -357,7 +360,8 @@ class StepLoop:
             t = tau[id(cost)]
             # What its row adds: CostModel.added(1) against the others' rows, from the step priced once.
             row = t - cost.batch(tuple(r for r in plain if r[0] != sid), cells)
-            bids[sid] = Bid(seq.expect, seq.extra, t, row, seq.plan.could) if sid in decoding else Bid(1.0, 0.0, t, row)
+            could = seq.plan.could if drafts else 1.0
+            bids[sid] = Bid(seq.expect, seq.extra, t, row, could) if sid in decoding else Bid(1.0, 0.0, t, row)
             self._accounts.setdefault(sid, Account())
         slack = 1.0 - self.running[min(streams)].config.fallback_margin
         held, bids = withdrawals(bids, self._accounts, slack)
