@@ -880,6 +880,29 @@ def test_a_drafts_own_pass_beside_others_is_priced_as_shared_decodes_showed() ->
     assert model.added(4) == pytest.approx(2.4)  # alone: the curve
 
 
+def test_a_lone_pass_priced_high_comes_back_while_nothing_drafts() -> None:
+    """Eight streams: a copy that holds pays its rows where a pass of one stream beside the others
+    costs what the curve says. One slow decode of a draft taught `beside` a price that priced every
+    draft out, and with no draft nothing taught it otherwise: n-gram at N = 8 stopped drafting for
+    good. Plain shared steps bring it back toward the curve, and the copy goes again."""
+    model = cost(CPU)
+    model.shared = 1.4
+    p = Plan.start(SpeculativeConfig(), model, [Source()], -1)  # type: ignore[list-item]
+    p._evidence[Key("draft", 0)] = [1e6, 0.0]  # a copy that always holds
+    eight = Step(0, tuple((s, 1) for s in range(1, 8)), 7.0)
+    assert p._best(0, Support(), 8, 0, eight)[0] > 0
+    # One decode of a copy whose own pass took three times the curve (a busy spell) moves it a step.
+    model.observe_shared(((0, 9), *eight.rows), 3.8 * 1.4 + 3 * 3.8)
+    assert model.beside == pytest.approx(1.4)
+    assert p._best(0, Support(), 8, 0, eight)[0] == 0
+    plain = tuple((s, 1) for s in range(8))
+    for _ in range(25):
+        model.observe_shared(plain, 3.8 * 1.4)  # plain steps at the price they have: `shared` holds
+    assert model.shared == pytest.approx(1.4)
+    assert 1.0 < model.beside < 1.25
+    assert p._best(0, Support(), 8, 0, eight)[0] > 0
+
+
 def test_a_row_that_merges_two_passes_is_charged_nothing_not_less() -> None:
     """Sequence 1's stream sits between 0's and 2's: its row joins them into one pass, so by price
     it adds less than nothing (a pass of one stream beside others costs `beside` times the curve).

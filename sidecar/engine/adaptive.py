@@ -75,6 +75,14 @@ KV_BLOCK = 256
 """llama.cpp sizes the cache a pass attends over by its deepest stream's cells, padded to this
 (`llama_kv_cache::get_n_kv`, src/llama-kv-cache.cpp), so a pass's price rises a block at a time."""
 
+BESIDE_FADE = 0.02
+"""How far each plain shared step brings `CostModel.beside` back toward 1 (the curve's own price).
+It is learnt only from decodes that hold a pass of one stream (a draft's rows past the others'), so
+a price learnt high would otherwise stay so for good once it priced every draft out: at N = 8 on
+2 cores a row is near a plain token's price, and after a cold repetition's few drafts an n-gram
+daemon drafted nothing in its next 16 requests ("verification too costly"), where another drafted
+110-125 tokens of each. From 2, about 65 plain steps bring it under 1.27."""
+
 DEPTH_MAX = 0.5
 """The most one more KV_BLOCK may add to a pass, as a share of its price at one block: what one-row
 steps at several depths say is held here, as SHARED_MAX holds the shared steps' factors."""
@@ -187,7 +195,8 @@ class CostModel(Calibration):
         llama.cpp times the decode as one sum over its passes, so each factor is learnt where it
         can be told apart: `shared` from decodes whose every pass spans several streams (every
         sequence's plain row, or drafts padded to one width); `beside` from those with passes of
-        one stream too (a draft's rows past the others'), given `shared`. Both are over the
+        one stream too (a draft's rows past the others'), given `shared`; the decodes without
+        such a pass bring `beside` back toward the curve a little (BESIDE_FADE). Both are over the
         curve's price at the step's depth (`cells`, the deepest stream's); a lone sequence's
         rounds correct the curve as they go, but a shared step's time says nothing about one of
         its passes (one learnt factor for both read 2.7 where the shared passes' alone was 1.2)."""
@@ -196,6 +205,7 @@ class CostModel(Calibration):
         alone = sum(self._at(m, cells) for m, streams in layout if streams == 1)
         if alone <= 0 < spanning:
             self.shared += self._smooth * (_bounded(seconds / spanning) - self.shared)
+            self.beside += BESIDE_FADE * (1.0 - self.beside)  # no evidence of its own here (BESIDE_FADE)
         elif alone > 0:
             self.beside += self._smooth * (_bounded((seconds - spanning * self.shared) / alone) - self.beside)
         else:  # nothing measured yet
