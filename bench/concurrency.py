@@ -201,6 +201,7 @@ class Config:
     parallel: int | None = None  # OLLAMA_NUM_PARALLEL / -np whatever N is (None: N)
     reader: Literal["raw", "httpx"] = "raw"  # how the batches are read (module docstring, Client)
     serial: bool = False  # the batch's streams one after another (NAME@serial)
+    steplog: bool = False  # daemon: started through bench/steplog.py, its shared steps logged beside its log
 
     @property
     def server(self) -> str:
@@ -323,6 +324,8 @@ def daemon(cfg: Config, parallel: int, threads: int, tag: str) -> Iterator[Serve
         env = {**os.environ, "OLLAMA_NUM_PARALLEL": str(parallel), "OLLAMA_HOST": f"127.0.0.1:{port}",
                "PYTHONPATH": str(cfg.root)}  # fmt: skip
         cmd = [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(conf), "--port", str(port)]
+        if cfg.steplog:
+            cmd[1:3] = [str(HERE / "steplog.py"), str(LOGS / "steps" / f"{cfg.name}-{tag}")]
         log.write((f"cwd={cfg.root} OLLAMA_NUM_PARALLEL={parallel} " + " ".join(cmd) + "\n").encode())
         log.write(conf.read_bytes())
         log.flush()
@@ -1051,6 +1054,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix", action="store_true", help="TTFT of a chat's turn 2 and of a shared system prompt")
     ap.add_argument("--sequential", action="store_true", help="one server up at a time (per N, rep, server)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--steplog", action="store_true",
+                    help="log every daemon's shared steps beside its log (bench/steplog.py, replay_prices.py)")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind, so the servers are stopped
 
@@ -1060,7 +1065,7 @@ def main(argv: list[str] | None = None) -> int:
     if any("padded" in n for n in names):
         ensure_padded()
     old_root = old_worktree(args.old_rev) if any(n.startswith("old") for n in names) else None
-    configs = make_configs(names, old_root)
+    configs = [replace(c, steplog=args.steplog) for c in make_configs(names, old_root)]
     for root in {c.root for c in configs if c.kind == "daemon"}:
         _check_import_root(root)
     binary = ls.build() if any(c.kind == "llama-server" for c in configs) else None

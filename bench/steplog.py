@@ -1,0 +1,82 @@
+"""Run `sidecar serve` with every shared step logged, for reading offline (bench/replay_prices.py).
+
+    .venv/bin/python bench/steplog.py DIR serve --config pairs.yaml ...   (what `concurrency.py
+    --steplog DIR` starts each daemon with)
+
+Wraps the step loop before serving. Each step that decoded several streams' rows becomes a JSON
+line in DIR/steps.<pid>.jsonl: `t` (time), `d` (the decode's seconds), `w` (stream, rows) as
+decoded, `cells` (each stream's cells after it), `bid` (each stream's bid once the check ran:
+tokens, extra seconds), `held` (drafts the check took back) and `made` (each stream's tokens,
+extra, plain step, row, as booked). A line with `fac` marks a change of the cost model's factors
+(`shared`, `beside`, `depth`, and the curve t_step) after a step. It costs a few perf_counter calls a step;
+the daemon is otherwise the one under test. Streams' accounts and prices are the engine's own
+(engine.fair, engine.adaptive), so a revision that renames them logs less, not wrongly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def install(out: Path) -> None:
+    """Wrap the step loop's decode, check and booking so every shared step is written to `out`."""
+    from sidecar.engine import llama, step
+
+    f = (out / f"steps.{os.getpid()}.jsonl").open("w", buffering=1)
+    cur: dict[str, Any] = {}
+    decode_many, withdrawals, settle, run_step = (llama.Context.decode_many, step.withdrawals, step.settle,
+                                                  step.StepLoop.step)  # fmt: skip
+
+    def logged_decode(self: Any, parts: Any, *a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return decode_many(self, parts, *a, **k)
+        finally:
+            cur.update(d=round(time.perf_counter() - t, 4), w=[(s, len(tk)) for s, tk, _ in parts],
+                       cells=[len(self.held(s)) for s, _, _ in parts])  # fmt: skip
+
+    def logged_withdrawals(bids: Any, accounts: Any, slack: float) -> Any:
+        held, out_bids = withdrawals(bids, accounts, slack)
+        cur.update(bid={s: (round(b.tokens, 2), round(b.extra, 4)) for s, b in bids.items()}, held=held)
+        return held, out_bids
+
+    def logged_settle(made: Any, accounts: Any) -> None:
+        settle(made, accounts)
+        f.write(json.dumps({"t": round(time.time(), 3), "d": cur.get("d"), "w": cur.get("w"),
+                            "cells": cur.get("cells"), "bid": cur.get("bid"), "held": cur.get("held"),
+                            "made": {s: (b.tokens, round(b.extra, 4), round(b.tau, 4), round(b.row, 4))
+                                     for s, b in made.items()}}) + "\n")  # fmt: skip
+        last = cur.get("fac")
+        cur.clear()
+        cur["fac"] = last
+
+    def logged_step(self: Any, *a: Any, **k: Any) -> Any:
+        got = run_step(self, *a, **k)
+        if self.running:
+            c = next(iter(self.running.values())).cost
+            t = c.t_step
+            fac = {"shared": round(c.shared, 3), "beside": round(c.beside, 3), "depth": round(c.depth, 3),
+                   "curve": [round(x, 5) for x in t]}  # fmt: skip
+            if fac != cur.get("fac"):
+                f.write(json.dumps({"t": round(time.time(), 3), "fac": fac, "n": len(self.running)}) + "\n")
+                cur["fac"] = fac
+        return got
+
+    llama.Context.decode_many = logged_decode  # type: ignore[method-assign]
+    step.withdrawals = logged_withdrawals  # type: ignore[assignment]
+    step.settle = logged_settle  # type: ignore[assignment]
+    step.StepLoop.step = logged_step  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    install(out)
+    from sidecar.cli import main
+
+    sys.exit(main(sys.argv[2:]))
