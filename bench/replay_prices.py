@@ -35,22 +35,27 @@ from sidecar.engine.layout import passes
 TARGETS = (1.0, 0.75)
 
 
-def _curve(fac: dict[str, Any]) -> list[float]:
-    if "curve" in fac:
-        return list(fac["curve"])
-    t1, t9 = fac["t1"], fac["t9"]  # an older log: one row and nine, linear between
-    return [0.0, *(t1 + (m - 1) * (t9 - t1) / 8.0 for m in range(1, 10))]
+def _curve(rec: dict[str, Any]) -> list[float] | None:
+    """The curve a `fac` line carries, if any (written only where it moved)."""
+    fac = rec["fac"]
+    if "curve" in rec or "curve" in fac:  # the first form of steplog.py wrote it in every `fac`
+        return list(rec.get("curve") or fac["curve"])
+    if "t1" in fac:  # an older log: one row and nine, linear between
+        t1, t9 = fac["t1"], fac["t9"]
+        return [0.0, *(t1 + (m - 1) * (t9 - t1) / 8.0 for m in range(1, 10))]
+    return None
 
 
-def replay(path: Path, target: float) -> list[tuple[float, float]]:
-    """(engine's error, alternative's error) of each decode in one daemon's log that held a lone pass."""
+def replay(path: Path) -> list[tuple[float, ...]]:
+    """The errors of each decode in one daemon's log that held a lone pass: the engine's, then the
+    alternative's at each of TARGETS."""
     cost = CostModel(9)
-    share = target
-    out: list[tuple[float, float]] = []
+    shares = list(TARGETS)
+    out: list[tuple[float, ...]] = []
     for line in path.open():
         rec = json.loads(line)
         if "fac" in rec:
-            cost.t_step = _curve(rec["fac"])
+            cost.t_step = _curve(rec) or cost.t_step
             cost.depth = rec["fac"].get("depth") or 0.0
             continue
         made, rows = rec.get("made"), rec.get("w")
@@ -63,12 +68,13 @@ def replay(path: Path, target: float) -> list[tuple[float, float]]:
         alone = sum(cost._at(m, cells) for m, streams in layout if streams == 1)
         seconds = rec["d"]
         if alone > 0 and spanning > 0:
-            engine = spanning * cost.shared + alone * cost.beside
-            other = spanning * cost.shared + alone * cost.shared * share
-            out.append((math.log(engine / seconds), math.log(other / seconds)))
-            share += cost._smooth * (_bounded((seconds - spanning * cost.shared) / (alone * cost.shared)) - share)
+            engine = cost._price(layout, True, cells)
+            out.append((math.log(engine / seconds),
+                        *(math.log((spanning + alone * share) * cost.shared / seconds) for share in shares)))
+            seen = _bounded((seconds - spanning * cost.shared) / (alone * cost.shared))
+            shares = [share + cost._smooth * (seen - share) for share in shares]
         elif alone <= 0 < spanning:
-            share += BESIDE_FADE * (target - share)
+            shares = [share + BESIDE_FADE * (target - share) for share, target in zip(shares, TARGETS, strict=True)]
         cost.observe_shared(rows, seconds, cells)
     return out
 
@@ -79,16 +85,16 @@ def main() -> None:
     args = ap.parse_args()
     logs = sorted({p for d in args.dirs for pat in ("steps.*.jsonl", "fair.*.jsonl") for p in d.rglob(pat)})
     print(f"{len(logs)} daemon logs")
+    errs = [e for p in logs for e in replay(p)]
+    if not errs:
+        print("no decode held a draft's own pass")
+        return
+    names = ["engine (`beside` on the curve, fading to 1)",
+             *(f"`beside` as a share of `shared`, fading to {t}" for t in TARGETS)]  # fmt: skip
     print("| rule | decodes | median abs error | mean error (bias) |\n|---|---|---|---|")
-    for i, target in enumerate(TARGETS):
-        errs = [e for p in logs for e in replay(p, target)]
-        if not errs:
-            print("no decode held a draft's own pass")
-            return
-        pick = [("engine (`beside` on the curve, fading to 1)", [a for a, _ in errs])] if i == 0 else []
-        pick.append((f"`beside` as a share of `shared`, fading to {target}", [b for _, b in errs]))
-        for name, es in pick:
-            print(f"| {name} | {len(es)} | {statistics.median(abs(e) for e in es):.3f} | {statistics.mean(es):+.3f} |")
+    for i, name in enumerate(names):
+        es = [e[i] for e in errs]
+        print(f"| {name} | {len(es)} | {statistics.median(abs(e) for e in es):.3f} | {statistics.mean(es):+.3f} |")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ line in DIR/steps.<pid>.jsonl: `t` (time), `d` (the decode's seconds), `w` (stre
 decoded, `cells` (each stream's cells after it), `bid` (each stream's bid once the check ran:
 tokens, extra seconds), `held` (drafts the check took back) and `made` (each stream's tokens,
 extra, plain step, row, as booked). A line with `fac` marks a change of the cost model's factors
-(`shared`, `beside`, `depth`, and the curve t_step) after a step. It costs a few perf_counter calls a step;
-the daemon is otherwise the one under test. Streams' accounts and prices are the engine's own
-(engine.fair, engine.adaptive), so a revision that renames them logs less, not wrongly.
+(`shared`, `beside`, `depth`) after a step, with `curve` (t_step) where that moved too. It costs a
+few perf_counter calls and a JSON line or two a step; the daemon is otherwise the one under test.
+Streams' accounts and prices are the engine's own (engine.fair, engine.adaptive), so a revision
+that renames them logs less, not wrongly.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def install(out: Path) -> None:
 
     f = (out / f"steps.{os.getpid()}.jsonl").open("w", buffering=1)
     cur: dict[str, Any] = {}
+    curve: list[float] = []  # the cost model's curve as last written
     decode_many, withdrawals, settle, run_step = (llama.Context.decode_many, step.withdrawals, step.settle,
                                                   step.StepLoop.step)  # fmt: skip
 
@@ -59,11 +61,13 @@ def install(out: Path) -> None:
         got = run_step(self, *a, **k)
         if self.running:
             c = next(iter(self.running.values())).cost
-            t = c.t_step
-            fac = {"shared": round(c.shared, 3), "beside": round(c.beside, 3), "depth": round(c.depth, 3),
-                   "curve": [round(x, 5) for x in t]}  # fmt: skip
-            if fac != cur.get("fac"):
-                f.write(json.dumps({"t": round(time.time(), 3), "fac": fac, "n": len(self.running)}) + "\n")
+            fac = {"shared": round(c.shared, 3), "beside": round(c.beside, 3), "depth": round(c.depth, 3)}
+            if fac != cur.get("fac") or c.t_step != curve:
+                line = {"t": round(time.time(), 3), "fac": fac, "n": len(self.running)}
+                if c.t_step != curve:  # the curve (a long list) only where it moved
+                    curve[:] = c.t_step
+                    line["curve"] = [round(x, 5) for x in curve]
+                f.write(json.dumps(line) + "\n")
                 cur["fac"] = fac
         return got
 
