@@ -347,6 +347,18 @@ def test_starting_to_draft_takes_a_margin_but_staying_on_does_not() -> None:
     assert p.decide(1, INF, 100).k == 1
 
 
+def test_in_a_shared_step_staying_on_takes_the_margin_too() -> None:
+    """Beside three plain rows a copy that holds 96% of the time is priced at 1.03x the step's plain
+    rate. A plan that drafted it last round goes on alone, but not in a shared step: a price there
+    is about 10% off per decode (bench/replay_prices.py), and the other streams pay for a coin toss."""
+    shared = Step(0, ((1, 1), (2, 1), (3, 1)), 3.0)
+    p = Plan.start(SpeculativeConfig(min_gain=1.0), cost(CPU), [Source()], -1)  # type: ignore[list-item]
+    p._evidence[Key("draft", 0)] = [0.96e6, 0.04e6]
+    assert p.decide(0, INF, 100, shared).k == 8
+    p.config = SpeculativeConfig(min_gain=1.05)
+    assert p.decide(9, INF, 100, shared).k == 0
+
+
 def test_record_keeps_speculation_when_it_pays() -> None:
     p = plan(FLAT)
     for i in range(16):

@@ -56,7 +56,7 @@ class SpeculativeConfig:
     fallback_margin: float = 0.97  # switch off when realised rate < margin x plain rate
     probe_interval: int = 32  # tokens of target-only decoding before probing again (doubles)
     probe_budget: float = 0.03  # most of the target-only time that probing a costly draft may take
-    min_gain: float = 1.05  # predicted speed-up needed to start drafting (keeping on needs > 1)
+    min_gain: float = 1.05  # predicted speed-up to start drafting (keeping on alone needs > 1)
     horizon: int = 512  # tokens a request without num_predict is assumed to have left
     acceptance_prior: float = 0.7  # per-position acceptance assumed before any evidence
     prior_weight: float = 0.5  # weak: on a CPU only near-certain acceptance pays, so evidence must rule

@@ -179,9 +179,10 @@ class Plan:
         only while it adds more tokens than it slows every other sequence down; alone, it is the
         round's own rate.
 
-        Starting to draft takes a predicted gain of `min_gain`, staying on (the same source and
-        class as the last round) only beats plain: the estimates are noisy, and a pair right at
-        break-even must not flap into losses.
+        Starting to draft takes a predicted gain of `min_gain`; alone, staying on (the same source
+        and class as the last round) only beats plain, so a pair at break-even does not flap. In a
+        shared step staying on takes the margin too: a price there is ~10% off per decode
+        (bench/replay_prices.py), and a stretch kept on at +1-2% is a coin toss the others pay for.
 
         A batch of the last decode's shape may cost less (a GPU replays its graph, CUDA graphs):
         then a round inside a stretch of batches may pad its draft up to that shape (at most
@@ -195,7 +196,7 @@ class Plan:
         src = self.sources[i]
         shared, others = cost.batch(step.rows, step.cells), step.tokens
         plain = (others + 1.0) / (shared + cost.added(1, step))
-        need = (1.0 if self._last == self._key(i, support) else self.config.min_gain) * plain
+        need = (1.0 if self._last == self._key(i, support) and not step.rows else self.config.min_gain) * plain
         t_d = cost.t_draft if src.has_cost else 0.0
         switch = cost.t_switch if self._warm else 0.0  # a batch now costs the warm plain steps
         stretch = self._prev_rows if same and self._since_batch == 0 and self._prev_rows > 1 else 0
@@ -475,8 +476,7 @@ class Plan:
                              f"at acceptance {accepted / drafted:.2f}")
             p.off_until = produced + p.backoff
             p.backoff *= 2
-        p.rounds = 0
-        p.tokens = p.seconds = p.plain = 0.0
+        p.rounds, p.tokens, p.seconds, p.plain = 0, 0.0, 0.0, 0.0
 
     def learn(self, i: int, support: Support, drafted: int, accepted: int) -> None:
         """Evidence from a draft whose first `accepted` tokens held: for each token's class (see
