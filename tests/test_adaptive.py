@@ -349,8 +349,9 @@ def test_starting_to_draft_takes_a_margin_but_staying_on_does_not() -> None:
 
 def test_in_a_shared_step_staying_on_takes_the_margin_too() -> None:
     """Beside three plain rows a copy that holds 96% of the time is priced at 1.03x the step's plain
-    rate. A plan that drafted it last round goes on alone, but not in a shared step: a price there
-    is about 10% off per decode (bench/replay_prices.py), and the other streams pay for a coin toss."""
+    rate: it drafts where `min_gain` is 1.0, and at 1.05 a plan that drafted it last round stops.
+    Alone, staying on needs only to beat plain (the test above); in a shared step a price is about
+    10% off per decode (bench/replay_prices.py), and the other streams pay for a coin toss."""
     shared = Step(0, ((1, 1), (2, 1), (3, 1)), 3.0)
     p = Plan.start(SpeculativeConfig(min_gain=1.0), cost(CPU), [Source()], -1)  # type: ignore[list-item]
     p._evidence[Key("draft", 0)] = [0.96e6, 0.04e6]
