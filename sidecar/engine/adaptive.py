@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sidecar.engine.layout import passes, shapes
+from sidecar.engine.layout import Layout, passes, shapes
 from sidecar.engine.timing import Calibration
 
 
@@ -147,6 +147,11 @@ class CostModel(Calibration):
         # (a step's others' rows, its cells, the curve priced by, their decode's price, (seq, n) ->
         # what n rows add): a round prices many draft lengths, from each ready source, against one step.
         self._others: tuple[object, int, object, float, dict[tuple[int, int], float]] = ((), 0, None, 0.0, {})
+        # `batch`'s prices by layout and depth, at the curve and factors in `_basis`. Each sequence
+        # of a step prices its candidate drafts beside the others' rows, and whichever stream
+        # drafts, those are mostly the same passes (the others' plain rows, then the draft's own).
+        self._priced: dict[tuple[Layout, int], float] = {}
+        self._basis: tuple[object, float, float, float] = (None, 0.0, 0.0, 0.0)
 
     def age(self, factor: float = 0.9) -> None:
         """Fade every class's evidence a little (once per request): a class judged not to pay is
@@ -169,8 +174,16 @@ class CostModel(Calibration):
     def batch(self, rows: Sequence[tuple[int, int]], cells: int = 0) -> float:
         """Seconds of one decode holding several sequences' rows, `rows` as (sequence id, rows), in
         the cheaper of its two layouts (`padded`), after `cells` (Step.cells)."""
-        split, padded, several = shapes(rows)
-        return min(self._price(split, several, cells), self._price(padded, several, cells))
+        layout = shapes(rows)
+        basis = (self.t_step, self.shared, self.beside, self.depth)
+        if basis != self._basis or len(self._priced) > PRICED_MAX:
+            self._priced, self._basis = {}, basis
+        got = self._priced.get((layout, cells))
+        if got is None:
+            split, padded, several = layout
+            got = min(self._price(split, several, cells), self._price(padded, several, cells))
+            self._priced[(layout, cells)] = got
+        return got
 
     def padded(self, rows: Sequence[tuple[int, int]], cells: int = 0) -> bool:
         """Whether the decode is cheaper with every sequence's rows padded to the widest of its run
@@ -210,7 +223,12 @@ class CostModel(Calibration):
             self.beside += self._smooth * (_bounded((seconds - spanning * self.shared) / alone) - self.beside)
         else:  # nothing measured yet
             return
-        self._others = ((), 0, None, 0.0, {})  # prices cached at the old factors
+        self._repriced()  # prices cached at the old factors
+
+    def _repriced(self) -> None:
+        """Drop the prices cached at the old curve and factors (t_step moves in place)."""
+        self._others = ((), 0, None, 0.0, {})
+        self._priced = {}
 
     def added(self, n: int, step: Step | None = None) -> float:
         """Seconds that n rows add to a decode the other sequences of `step` already fill (see
@@ -268,7 +286,7 @@ class CostModel(Calibration):
         table = self.t_same if same and n > 1 and self.t_same else self.t_step
         if n >= len(table):
             return
-        self._others = ((), 0, None, 0.0, {})  # prices cached against the old curve
+        self._repriced()  # prices cached against the old curve
         if table is self.t_step:
             if n == 1:
                 self._learn_depth(cells + 1, seconds)
@@ -331,7 +349,7 @@ class CostModel(Calibration):
         prices are a disturbance's, and they restart from the load's (anchor) at today's step."""
         if self._quiet is not None and draft_seconds < 0.5 * self.t_draft:
             self.t_step[:], self.t_draft, self.t_catchup = self._at_load()
-            self._others = ((), 0, None, 0.0, {})  # prices cached against the old curve
+            self._repriced()  # prices cached against the old curve
 
     def _at_load(self) -> tuple[list[float], float, float]:
         """The load's t_step, t_draft and t_catchup (anchor) at today's one-row step."""
@@ -366,6 +384,10 @@ class CostModel(Calibration):
         """t_step(n) / t_step(1) for n = 1.., the relative cost of verifying n rows."""
         one = self.t_step[1] or 1.0
         return [t / one for t in self.t_step[1:]]
+
+
+PRICED_MAX = 4096
+"""Layout prices CostModel.batch keeps: the step's depth moves every step, so a few steps' worth."""
 
 
 def blocks(cells: int) -> int:

@@ -25,8 +25,9 @@ and later rounds pad a shorter draft up to it. On a CPU t_same is empty and noth
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import count, islice
 
 from sidecar.engine import adaptive
 from sidecar.engine.adaptive import ALONE, CostModel, SpeculativeConfig, Step, expected_tokens, round_seconds
@@ -147,19 +148,23 @@ class Plan:
                 and self._acceptance(i, s) < self._prior(s))
 
     def _expected(self, i: int, support: Support, k_max: int, retry: bool = False) -> list[float]:
-        """Expected tokens of a round drafting k = 0..k_max tokens of this support class (Leviathan
-        et al.), each drafted token at the acceptance of its own class (Support.along)."""
+        """Expected tokens of a round drafting k = 0..k_max tokens of this support class."""
+        return list(islice(self._along(i, support, retry), k_max + 1))
+
+    def _along(self, i: int, support: Support, retry: bool = False) -> Iterator[float]:
+        """Expected tokens of rounds drafting k = 0, 1, ... tokens (Leviathan et al.), each token at its own
+        class's acceptance (Support.along); lazily, as `_best` stops short of a copy's 64 where rows add nothing."""
+        yield 1.0
         if support.along is None:
             a = self._acceptance(i, support, retry)
-            return [expected_tokens(a, k) for k in range(k_max + 1)]
-        out, holds = [1.0], 1.0
-        known: dict[tuple[int, float | None], float] = {}  # a copy's tokens fall in a few classes
-        for j in range(k_max):
-            s = support.along(j)
-            a = known.get(c := (s.cls, s.prior))
-            holds *= known.setdefault(c, self._acceptance(i, s, retry)) if a is None else a
-            out.append(out[-1] + holds)
-        return out
+            yield from (expected_tokens(a, k) for k in count(1))  # endless: the rest is for `along`
+        e, holds, known = 1.0, 1.0, {}  # known: a copy's tokens fall in a few classes
+        for j in count():
+            s = support.along(j)  # type: ignore[misc]
+            got = known.get(c := (s.cls, s.prior))
+            holds *= known.setdefault(c, self._acceptance(i, s, retry)) if got is None else got
+            e += holds
+            yield e
 
     def _rows_cost(self, n: int, step: Step) -> float:
         """Seconds n rows add to a step the other sequences of `step` fill: less when a lone
@@ -202,11 +207,12 @@ class Plan:
         stretch = self._prev_rows if same and self._since_batch == 0 and self._prev_rows > 1 else 0
         best = (0, 1, 0.0, 0.0)
         k_max = min(k_cap, len(t) - 2)
-        expected = self._expected(i, support, max(0, k_max), retry)
+        expected = [next(along := self._along(i, support, retry))]
         prev_k, prev_e = 0, expected[0]
         for k in adaptive.draft_lengths(max(1, self.config.n_min), k_max):
             if t[k + 1] <= 0:
                 continue
+            expected.extend(islice(along, max(0, k + 1 - len(expected))))
             e = expected[k]
             if e - prev_e < adaptive.MIN_HOLD * (k - prev_k):
                 break  # the rows from here on add (almost) no tokens
@@ -374,11 +380,9 @@ class Plan:
         # A free source that has drafted this request was not switched off: only this class of
         # draft is skipped, so it reports no fallback.
         if self.fallback is None and (probe or not self.tally.rounds):
-            self.fallback = (
-                f"draft does not pay: acceptance {self._acceptance(costly, supports[costly]):.2f}"  # type: ignore[arg-type,index]
-                if self.tally.rounds
-                else "verification too costly on this hardware"
-            )
+            acceptance = f"{self._acceptance(costly, supports[costly]):.2f}" if self.tally.rounds else ""  # type: ignore[arg-type,index]
+            self.fallback = (f"draft does not pay: acceptance {acceptance}" if acceptance
+                             else "verification too costly on this hardware")
         probing = self.probing
         probing.idle += 1
         self._unprobed(step)
@@ -462,10 +466,7 @@ class Plan:
         tracks, and their acceptance is priced class by class; a whole-drafter verdict mixed classes
         and switched a copying request's long matches off with its short ones."""
         p = self.probing
-        p.rounds += 1
-        p.tokens += tokens
-        p.seconds += seconds
-        p.plain += plain
+        p.rounds, p.tokens, p.seconds, p.plain = p.rounds + 1, p.tokens + tokens, p.seconds + seconds, p.plain + plain
         c = self.config
         if not c.adaptive or p.rounds < c.fallback_rounds or p.seconds <= 0 or p.plain <= 0:
             return
@@ -496,5 +497,4 @@ class Plan:
             self._tried.add(key)
             self.cost.observe_acceptance(key, d, a)
             ev = self._evidence.setdefault(key, [0.0, 0.0])
-            ev[0] += a
-            ev[1] += 1 if a < d else 0
+            ev[0], ev[1] = ev[0] + a, ev[1] + (1 if a < d else 0)
