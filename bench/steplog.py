@@ -4,14 +4,23 @@
     --steplog DIR` starts each daemon with)
 
 Wraps the step loop before serving. Each step that decoded several streams' rows becomes a JSON
-line in DIR/steps.<pid>.jsonl: `t` (time), `d` (the decode's seconds), `w` (stream, rows) as
-decoded, `cells` (each stream's cells after it), `bid` (each stream's bid once the check ran:
+line in DIR/steps.<pid>.jsonl: `t` (time), `s` (the whole step's seconds: `s - d` is the step
+loop's own Python, the planner's pricing and the check included), `d` (the decode's seconds), `w`
+(stream, rows) as decoded, `cells` (each stream's cells after it), `bid` (each stream's bid once the check ran:
 tokens, extra seconds), `held` (drafts the check took back) and `made` (each stream's tokens,
 extra, plain step, row, as booked). A line with `fac` marks a change of the cost model's factors
 (`shared`, `beside`, `depth`) after a step, with `curve` (t_step) where that moved too. It costs a
 few perf_counter calls and a JSON line or two a step; the daemon is otherwise the one under test.
 Streams' accounts and prices are the engine's own (engine.fair, engine.adaptive), so a revision
 that renames them logs less, not wrongly.
+
+    .venv/bin/python bench/steplog.py --summary DIR...   (e.g. bench/out/concurrency_logs/<run>/steps)
+
+prints, per daemon log and number of streams, the median time a shared step spends outside
+`llama_decode` (`s - d`), in ms and as a share of the step, for steps of plain rows and steps that
+verified a draft (a step that carried a prompt's chunk is left out). Within one process that share
+does not move with the machine's drift or the process's own pace, which is what lets two revisions'
+Python be compared from two daemons.
 """
 
 from __future__ import annotations
@@ -49,16 +58,19 @@ def install(out: Path) -> None:
 
     def logged_settle(made: Any, accounts: Any) -> None:
         settle(made, accounts)
-        f.write(json.dumps({"t": round(time.time(), 3), "d": cur.get("d"), "w": cur.get("w"),
-                            "cells": cur.get("cells"), "bid": cur.get("bid"), "held": cur.get("held"),
-                            "made": {s: (b.tokens, round(b.extra, 4), round(b.tau, 4), round(b.row, 4))
-                                     for s, b in made.items()}}) + "\n")  # fmt: skip
+        cur["line"] = {"t": round(time.time(), 3), "d": cur.get("d"), "w": cur.get("w"), "cells": cur.get("cells"),
+                       "bid": cur.get("bid"), "held": cur.get("held"),
+                       "made": {s: (b.tokens, round(b.extra, 4), round(b.tau, 4), round(b.row, 4))
+                                for s, b in made.items()}}  # fmt: skip
+
+    def logged_step(self: Any, *a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        got = run_step(self, *a, **k)
+        if (line := cur.pop("line", None)) is not None:  # a shared step: written once its whole time is known
+            f.write(json.dumps({**line, "s": round(time.perf_counter() - t, 5)}) + "\n")
         last = cur.get("fac")
         cur.clear()
         cur["fac"] = last
-
-    def logged_step(self: Any, *a: Any, **k: Any) -> Any:
-        got = run_step(self, *a, **k)
         if self.running:
             c = next(iter(self.running.values())).cost
             fac = {"shared": round(c.shared, 3), "beside": round(c.beside, 3), "depth": round(c.depth, 3)}
@@ -77,7 +89,35 @@ def install(out: Path) -> None:
     step.StepLoop.step = logged_step  # type: ignore[method-assign]
 
 
+def summary(dirs: list[Path]) -> None:
+    """Median seconds outside the decode per shared step, by streams and kind (module docstring)."""
+    import statistics
+
+    for path in sorted(p for d in dirs for p in d.rglob("steps.*.jsonl")):
+        kinds: dict[tuple[int, str], list[tuple[float, float]]] = {}
+        for raw in path.open():
+            line = json.loads(raw)
+            if "s" not in line or not line.get("w") or line.get("d") is None:
+                continue
+            rows = dict((s, n) for s, n in line["w"])
+            bids = {int(s): b for s, b in (line.get("bid") or {}).items()}
+            wide = [s for s, n in rows.items() if n > 1]
+            if len(rows) < 2 or any(bids.get(s, (0, 0.0))[1] <= 0 for s in wide):
+                continue  # a lone step, or a prompt's chunk rode along (it bids no draft: engine.step._fair)
+            kind = "drafted" if wide else "plain"
+            kinds.setdefault((len(rows), kind), []).append((line["s"] - line["d"], line["s"]))
+        print(path.relative_to(path.parents[1]))
+        for (n, kind), got in sorted(kinds.items()):
+            outside = statistics.median(o for o, _ in got)
+            share = statistics.median(o / s for o, s in got if s > 0)
+            print(f"  {n} streams, {kind:7s}: {len(got):4d} steps, outside the decode {1e3 * outside:6.2f} ms "
+                  f"({100 * share:.1f}% of the step)")
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--summary":
+        summary([Path(a) for a in sys.argv[2:]])
+        sys.exit(0)
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     install(out)
