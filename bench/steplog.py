@@ -18,9 +18,9 @@ that renames them logs less, not wrongly.
 
 prints, per daemon log and number of streams, the median time a shared step spends outside
 `llama_decode` (`s - d`), in ms and as a share of the step, for steps of plain rows and steps that
-verified a draft (a step that carried a prompt's chunk is left out). Within one process that share
-does not move with the machine's drift or the process's own pace, which is what lets two revisions'
-Python be compared from two daemons.
+verified a draft (a step that carried a prompt's chunk is left out). The machine's drift and a
+process's own pace move that share far less than the times themselves; still, two daemons resolve
+only large differences in it (bench/step_python.py compares revisions on identical work).
 """
 
 from __future__ import annotations
