@@ -99,7 +99,7 @@ def summary(dirs: list[Path]) -> None:
             line = json.loads(raw)
             if "s" not in line or not line.get("w") or line.get("d") is None:
                 continue
-            rows = dict((s, n) for s, n in line["w"])
+            rows = dict(line["w"])  # stream -> rows
             bids = {int(s): b for s, b in (line.get("bid") or {}).items()}
             wide = [s for s, n in rows.items() if n > 1]
             if len(rows) < 2 or any(bids.get(s, (0, 0.0))[1] <= 0 for s in wide):
