@@ -137,7 +137,7 @@ class CostModel(Calibration):
         # known-bad draft is rarely probed.
         self.evidence: dict[tuple[str, int], list[float]] = {}  # rounds.Key -> [accepted, rejected]
         # Plain steps (in wall time) the pair's requests ran since a model draft last gave evidence:
-        # what probing it may spend a share of (planner.Plan._probe_affordable), across requests.
+        # what probing it may spend a share of (probing.Probing.due), across requests.
         self.unprobed = 0.0
         self.explored: set[str] = set()  # costly sources probed once already, evidence or not
         # The load's prices as shares of its one-row step (anchor): t_step, t_draft, t_catchup.

@@ -14,7 +14,7 @@ its chunks (it bids a plain round and is only ever owed). A step's plan is weigh
 stream in it (`balance`):
 - its own extra tokens (those past the one a plain step makes) bring its end nearer by one plain
   step each (`Bid.tau`, the step with every round plain); a loss from its own drafts is not
-  counted, as it is its planner's to judge (Plan._judge);
+  counted, as it is its planner's to judge (Probing.judge);
 - each other stream's extra tokens bring it nearer by one of that stream's rows (`Bid.row`, what
   its row adds to the step): the steps they share end that much sooner (`lead`);
 - every draft in the step costs it the seconds the draft adds (Round.seconds).

@@ -4,7 +4,8 @@
 with what came of it. In a shared step, `Plan.offer` prices the model's draft for a round made
 with other sequences' (engine.together) without deciding anything, and `Plan.join` books the
 round when the step takes it. What a request reports (drafted and accepted tokens, per source) is its
-`Tally` (engine.tally); when to probe a model draft that does not pay is its `Probing`.
+`Tally` (engine.tally); when a model draft that does not pay is probed, and when one that drafts
+is switched off, is its `Probing` (engine.probing).
 
 Each round drafts the k with the most expected tokens per second (engine.adaptive) from the source
 that offers the most: a pair may draft from several (hybrid.HybridDrafter), each priced by its own
@@ -14,9 +15,8 @@ beats plain decoding (k = 0, rate 1/t_step(1)) the round runs target-only.
 A draft's expected tokens take each drafted token at the acceptance of its own class: a verbatim
 match that holds grows into a longer one (Support.along), so a copy under way is priced as one.
 
-A costly (model) source's realised throughput is watched, and it is switched off when it falls
-behind the plain rate, for a back-off; a model draft that does not pay is probed now and then. A
-free source is judged class by class instead: by the acceptance evidence the planner prices it by.
+A free source is judged class by class: by the acceptance evidence the planner prices it by. A
+costly (model) source is also judged by its realised rate, and probed where it does not pay.
 
 Where a batch of the last decode's shape costs less (CostModel.t_same: a GPU replaying a captured
 graph) a stretch of drafting keeps one shape: its first round picks the shape its rounds do best at,
@@ -32,27 +32,11 @@ from itertools import count, islice
 from sidecar.engine import adaptive
 from sidecar.engine.adaptive import ALONE, CostModel, SpeculativeConfig, Step, expected_tokens, round_seconds
 from sidecar.engine.drafters import Support
+from sidecar.engine.probing import PROBE_TOKENS, Probing
 from sidecar.engine.rounds import PLAIN, Key, Offer, Round, Source
 from sidecar.engine.tally import Tally
 
-PROBE_TOKENS = 8  # a probe's draft: enough for one round to be evidence (a model draft's default n_max)
 RETRY_TOKENS = 2  # a retry's draft (Plan._retry): a rejected one costs ~0.6 steps a token on a CPU
-
-
-@dataclass
-class Probing:
-    """When a costly source that does not pay drafts again: after `backoff` plain steps (doubling
-    with every probe), and not before `off_until` tokens once its realised rate fell behind."""
-
-    backoff: int = 0
-    idle: int = 0  # plain steps since the last evidence
-    off_until: int = 0
-    # Its rounds since it was last judged (see Plan._judge): their tokens, the seconds they took,
-    # and the seconds plain steps would have taken for the same tokens.
-    tokens: float = 0.0
-    seconds: float = 0.0
-    plain: float = 0.0
-    rounds: int = 0
 
 
 @dataclass
@@ -228,20 +212,6 @@ class Plan:
                     best = (k, n, rate, rank)
         return best
 
-    def _probe_affordable(self, k: int) -> bool:
-        """Whether a probe of k tokens fits the probe budget of the target-only time since the last.
-
-        A probe that is rejected costs the wider verify batch (on a CPU, 9 rows cost ~4-5 steps),
-        the prefill of everything the draft missed (the whole prompt on a request's first probe)
-        and k draft steps. For a draft that does not pay, that is pure loss, so it waits for enough
-        plain steps that it stays within `probe_budget` of them. Those are counted across the pair's
-        requests (CostModel.unprobed): within one request the catch-up of everything the draft
-        missed grows faster than its budget, and a model draft whose first evidence had to come
-        from one request alone was never probed at all. A probe is priced at the load's prices
-        where the learnt ones are higher (CostModel.probe_seconds): those may be a disturbance's."""
-        lag = self.sources[self._costly].lag() if self._costly is not None else 0
-        return self.cost.probe_seconds(k, lag) <= self.config.probe_budget * self.cost.unprobed * self.cost.t_step[1]
-
     def decide(self, produced: int, remaining: float, room: int, step: Step = ALONE) -> Round:
         """This round: from which source to draft how many tokens, and the rows to decode.
 
@@ -255,7 +225,7 @@ class Plan:
         if k_cap < c.n_min:
             return PLAIN
         probing = self.probing
-        supports = [s.support() if not s.has_cost or produced >= probing.off_until else Support(ready=False)
+        supports = [s.support() if not (s.has_cost and probing.off(produced)) else Support(ready=False)
                     for s in self.sources]
         ready = [i for i, s in enumerate(supports) if s.ready]
         if not c.adaptive:  # llama.cpp's rule: the first source that has a draft, at full length
@@ -263,8 +233,7 @@ class Plan:
                 return PLAIN
             return Round(ready[0], k_cap, k_cap + 1, supports[ready[0]])
         if not ready:  # nothing to propose: a plain step
-            probing.idle += 1
-            self._unprobed(step)
+            probing.wait(self.cost, step)
             self._last = None
             return PLAIN
         self._ready = (supports, k_cap)
@@ -339,7 +308,7 @@ class Plan:
         nothing to propose, no room). Changes nothing: `join` takes the round if the step does."""
         c, i = self.config, self._costly
         k_cap = int(min(c.n_max, remaining - 1, room, len(self.cost.t_step) - 2))
-        if not (self.enabled and c.adaptive) or i is None or produced < self.probing.off_until or k_cap < c.n_min:
+        if not (self.enabled and c.adaptive) or i is None or self.probing.off(produced) or k_cap < c.n_min:
             return None
         src = self.sources[i]
         support = src.support()
@@ -358,52 +327,28 @@ class Plan:
         self._rent = self._price = 0.0
         self.fallback = None
 
-    def _unprobed(self, step: Step) -> None:
-        """A plain step towards the pair's probe budget, in wall time: a sequence in a step with
-        others counts its share of it, since a probe's catch-up holds up the whole step."""
-        self.cost.unprobed += 1.0 / (1 + len(step.rows))
-
     def _nothing_pays(self, supports: list[Support], k_cap: int, plain: Round, step: Step) -> Round:
-        """No draft pays this round: say why, and probe a costly source now and then so new evidence
-        can arrive. A free source is not probed: its classes carry priors, so evidence arrives from
-        the classes that look worth drafting, and a probe would only buy a wider batch for a class
-        already expected to lose. The plain round answered carries the class that was priced (the
-        first ready source's).
-
-        A costly source the pair has no evidence of at all is probed once, the first time it could
-        draft (a request's start, where its catch-up is the prompt): judged by the prior alone, a
-        model draft on a CPU never looks worth a round, and a draft that agrees far better than
-        the prior (a distilled or same-family draft) would never show it. Beside a free source,
-        the first time its catch-up is rented."""
-        costly = self._costly
-        probe = costly is not None and supports[costly].ready
+        """No draft pays this round: say why, and probe a costly source now and then (Probing.due) so
+        new evidence can arrive. A free source is not probed: its classes carry priors, so evidence
+        arrives from the classes that look worth drafting, and a probe would only buy a wider batch
+        for a class already expected to lose. The plain round answered carries the class that was
+        priced (the first ready source's)."""
+        i = self._costly
+        probe = i is not None and supports[i].ready
         # A free source that has drafted this request was not switched off: only this class of
         # draft is skipped, so it reports no fallback.
         if self.fallback is None and (probe or not self.tally.rounds):
-            acceptance = f"{self._acceptance(costly, supports[costly]):.2f}" if self.tally.rounds else ""  # type: ignore[arg-type,index]
-            self.fallback = (f"draft does not pay: acceptance {acceptance}" if acceptance
-                             else "verification too costly on this hardware")
-        probing = self.probing
-        probing.idle += 1
-        self._unprobed(step)
-        k = min(k_cap, PROBE_TOKENS)
-        name = self.sources[costly].name if costly is not None else ""
-        unknown = probe and name not in self.cost.explored
-        if unknown and len(self.sources) > 1:
-            # Beside a free source the exploring probe is rented as a catch-up is (decide): it
-            # waits until this request's plain steps have cost what prefilling the model costs,
-            # so a request the free source covers (an edit) never pays the prompt into it.
-            catchup = self.sources[costly].lag() * self.cost.t_catchup  # type: ignore[index]
-            unknown = probing.idle * self.cost.t_step[1] >= catchup
-        if probe and (unknown or (probing.idle >= probing.backoff and self._probe_affordable(k))):
-            # Probe in full so one round is real evidence (a model drafter still stops early where
-            # its own confidence falls below p_min).
-            probing.idle = 0
-            probing.backoff *= 2
-            self.cost.unprobed = 0.0  # the budget is spent
-            self.cost.explored.add(name)
-            return Round(costly, k, k + 1, supports[costly], probe=True)  # type: ignore[arg-type,index]
-        return plain
+            self.fallback = (f"draft does not pay: acceptance {self._acceptance(i, supports[i]):.2f}"
+                             if probe and self.tally.rounds else "verification too costly on this hardware")
+        self.probing.wait(self.cost, step)
+        if i is None or not probe:
+            return plain
+        # Probe in full so one round is real evidence (a model drafter still stops early where
+        # its own confidence falls below p_min).
+        src, k = self.sources[i], min(k_cap, PROBE_TOKENS)
+        if not self.probing.due(self.cost, self.config, src.name, k, src.lag(), len(self.sources) > 1):
+            return plain
+        return Round(i, k, k + 1, supports[i], probe=True)
 
     def record(self, rnd: Round, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,
                produced: int, step_seconds: float | None = None, caught_up: int = 0, rows: int = 0,
@@ -430,11 +375,9 @@ class Plan:
             self.cost.observe_step(rows, verify_seconds, same, step.cells)
         if step_seconds is not None:
             self.cost.observe_catchup(caught_up, draft_seconds - step_seconds)
-        probing = self.probing
         if drafted == 0:
-            if rnd.probe:  # the drafter had nothing to offer: probe again next round
-                probing.idle = probing.backoff
-                probing.backoff //= 2
+            if rnd.probe:
+                self.probing.unanswered()
             return
         src = self.sources[rnd.source]
         self.learn(rnd.source, rnd.support, drafted, accepted)
@@ -443,8 +386,7 @@ class Plan:
         self.tally.add(src.name, drafted, accepted)
         if not src.has_cost:
             return
-        probing.idle = 0  # evidence arrived: count plain steps before the next probe anew
-        self.cost.unprobed = 0.0
+        self.probing.answered(self.cost)
         draft = draft_seconds if step_seconds is None else step_seconds
         self.cost.observe_draft(drafted, draft, company)
         # A catch-up prefill is paid once, when drafting starts; whether to go on drafting must
@@ -454,30 +396,13 @@ class Plan:
                     produced)
 
     def _judge(self, name: str, tokens: int, seconds: float, plain: float, produced: int) -> None:
-        """Watch a costly source's realised throughput and switch it off for a back-off when it falls
-        behind plain decoding: its price (draft steps, catch-up) is measured, not known.
-
-        Plain decoding is priced where each round ran (`plain`, the seconds plain steps would have
-        taken for its tokens): alone, a one-row step a token; in a shared step, what a plain row
-        and the step's plain rate cost there. A row beside seven others adds less than a step of
-        its own, so the lone rate made a draft that slowed a batch of eight look like a gain.
-
-        Free sources are not judged so: their only price is the verify batch, which the cost model
-        tracks, and their acceptance is priced class by class; a whole-drafter verdict mixed classes
-        and switched a copying request's long matches off with its short ones."""
-        p = self.probing
-        p.rounds, p.tokens, p.seconds, p.plain = p.rounds + 1, p.tokens + tokens, p.seconds + seconds, p.plain + plain
-        c = self.config
-        if not c.adaptive or p.rounds < c.fallback_rounds or p.seconds <= 0 or p.plain <= 0:
-            return
-        realised, plain_rate = p.tokens / p.seconds, p.tokens / p.plain
-        if realised < c.fallback_margin * plain_rate:
+        """Switch a costly source off for a back-off when its realised rate falls behind plain
+        decoding (Probing.judge), and say why."""
+        verdict = self.probing.judge(self.config, tokens, seconds, plain, produced)
+        if verdict is not None:
             drafted, accepted = self.tally.by_source[name]
-            self.fallback = (f"slower than target-only: {realised:.1f} vs {plain_rate:.1f} tok/s "
+            self.fallback = (f"slower than target-only: {verdict[0]:.1f} vs {verdict[1]:.1f} tok/s "
                              f"at acceptance {accepted / drafted:.2f}")
-            p.off_until = produced + p.backoff
-            p.backoff *= 2
-        p.rounds, p.tokens, p.seconds, p.plain = 0, 0.0, 0.0, 0.0
 
     def learn(self, i: int, support: Support, drafted: int, accepted: int) -> None:
         """Evidence from a draft whose first `accepted` tokens held: for each token's class (see
