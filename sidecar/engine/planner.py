@@ -139,12 +139,14 @@ class Plan:
         """Expected tokens of rounds drafting k = 0, 1, ... tokens (Leviathan et al.), each token at its own
         class's acceptance (Support.along); lazily, as `_best` stops short of a copy's 64 where rows add nothing."""
         yield 1.0
-        if support.along is None:
+        along = support.along
+        if along is None:
             a = self._acceptance(i, support, retry)
-            yield from (expected_tokens(a, k) for k in count(1))  # endless: the rest is for `along`
+            yield from (expected_tokens(a, k) for k in count(1))
+            return
         e, holds, known = 1.0, 1.0, {}  # known: a copy's tokens fall in a few classes
         for j in count():
-            s = support.along(j)  # type: ignore[misc]
+            s = along(j)
             got = known.get(c := (s.cls, s.prior))
             holds *= known.setdefault(c, self._acceptance(i, s, retry)) if got is None else got
             e += holds
