@@ -7,7 +7,8 @@ machine (README, Concurrency). So this runs the engine in-process on identical w
 greedy streams of 128 tokens on bench/concurrency.py's prompts, n-gram and suffix drafters as a
 pair with `draft: ngram` has, one cold batch and then the same prompts again (warm: the suffix
 cache holds the answers, so the streams copy). The cost model's prices are fixed (nothing learnt
-from timings), so each revision makes its decisions from the same prices wherever the machine is.
+from timings), so each revision makes its decisions from the same prices wherever the machine is;
+but a shared decode still drops whatever the revision drops when a daemon's factors move with it.
 Each configuration runs in a process of its own, alternating, `--reps` times:
 
 - ``new``: this tree;  ``old``: `--old-rev` (a worktree, bench/concurrency.py's);
@@ -58,8 +59,17 @@ def child(n: int, drafters: bool, out: Path) -> None:
     from sidecar.engine.suffix import SuffixCache, SuffixDrafter
     from sidecar.models.resolve import resolve
 
-    for name in ("observe_step", "observe_shared", "observe_draft", "observe_catchup"):
+    for name in ("observe_step", "observe_draft", "observe_catchup"):
         setattr(CostModel, name, lambda self, *a, **k: None)  # prices stay as set below
+    learn_shared = CostModel.observe_shared
+
+    def held(self: CostModel, *a: object, **k: object) -> None:
+        """A shared decode drops what the revision drops when its factors move, as in a daemon,
+        and the factors stay as set below."""
+        learn_shared(self, *a, **k)  # type: ignore[arg-type]
+        self.shared, self.beside = SHARED, BESIDE
+
+    CostModel.observe_shared = held  # type: ignore[method-assign]
     decoded = [0.0]
     run = llama.Context._run
 

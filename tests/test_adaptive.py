@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.engine import adaptive, timing
-from sidecar.engine.adaptive import DEPTH_MAX, CostModel, SpeculativeConfig, Step, expected_tokens
+from sidecar.engine.adaptive import DEPTH_MAX, KV_BLOCK, CostModel, SpeculativeConfig, Step, expected_tokens
 from sidecar.engine.drafters import Support
 from sidecar.engine.llama import Context, ContextParams, Weights
 from sidecar.engine.planner import RETRY_TOKENS, Plan
@@ -838,6 +838,17 @@ def test_a_pass_is_priced_at_the_depth_it_attends_over() -> None:
     assert c.added(9) == pytest.approx(4.1)
     assert c.added(9, Step(cells=900)) == pytest.approx(4.1 * 1.3)  # 909 cells: four blocks
     assert c.batch([(0, 9), (1, 1)], cells=900) == pytest.approx(c.batch([(0, 9), (1, 1)]) * 1.3)
+
+
+@pytest.mark.parametrize("rows", [[(0, 1), (1, 1), (2, 1), (3, 1)], [(0, 9), (1, 1)], [(0, 65), (1, 65), (2, 65),
+                                                                                   (3, 65), (5, 2)]])
+def test_a_cached_price_is_the_price_at_every_depth(rows: list[tuple[int, int]]) -> None:
+    """CostModel.batch keeps a layout's price for the steps of a KV block: every depth, across the
+    block edges and past a pass wider than a block, prices as a model that remembers nothing."""
+    c, fresh = _deep(), _deep()
+    for cells in range(3 * KV_BLOCK):
+        fresh._repriced()
+        assert c.batch(rows, cells) == fresh.batch(rows, cells), cells
 
 
 def test_a_wide_pass_seen_deep_is_learnt_at_one_block() -> None:

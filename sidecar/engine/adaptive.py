@@ -147,11 +147,14 @@ class CostModel(Calibration):
         # (a step's others' rows, its cells, the curve priced by, their decode's price, (seq, n) ->
         # what n rows add): a round prices many draft lengths, from each ready source, against one step.
         self._others: tuple[object, int, object, float, dict[tuple[int, int], float]] = ((), 0, None, 0.0, {})
-        # `batch`'s prices by layout and depth, at the curve and factors in `_basis`. Each sequence
-        # of a step prices its candidate drafts beside the others' rows, and whichever stream
-        # drafts, those are mostly the same passes (the others' plain rows, then the draft's own).
-        self._priced: dict[tuple[Layout, int], float] = {}
-        self._basis: tuple[object, float, float, float] = (None, 0.0, 0.0, 0.0)
+        # `batch`'s layouts at the curve's price, by layout and depth, at the curve and slope in
+        # `_basis`: the passes that span several streams and those of one, split and padded
+        # (`_sums`). Each sequence of a step prices its candidate drafts beside the others' rows,
+        # and whichever stream drafts, those are mostly the same passes (the others' plain rows,
+        # then the draft's own), step after step. The factors (`shared`, `beside`) move with every
+        # shared decode, so they are applied after the cache, not kept in it.
+        self._priced: dict[tuple[Layout, int], tuple[float, float, float, float]] = {}
+        self._basis: tuple[object, float] = (None, 0.0)
 
     def age(self, factor: float = 0.9) -> None:
         """Fade every class's evidence a little (once per request): a class judged not to pay is
@@ -175,15 +178,21 @@ class CostModel(Calibration):
         """Seconds of one decode holding several sequences' rows, `rows` as (sequence id, rows), in
         the cheaper of its two layouts (`padded`), after `cells` (Step.cells)."""
         layout = shapes(rows)
-        basis = (self.t_step, self.shared, self.beside, self.depth)
+        basis = (self.t_step, self.depth)
         if basis != self._basis or len(self._priced) > PRICED_MAX:
             self._priced, self._basis = {}, basis
-        got = self._priced.get((layout, cells))
+        # A pass's price moves with the depth only by the KV blocks it attends over (`_level`): where
+        # every pass ends in the block the step starts in, any depth in that block prices alike,
+        # so the sums hold for the steps of a block, not only for one step's candidates.
+        split, padded, several, widest = layout
+        block, into = divmod(cells, KV_BLOCK)
+        key = (layout, ~block if into + widest <= KV_BLOCK else cells)
+        got = self._priced.get(key)
         if got is None:
-            split, padded, several = layout
-            got = min(self._price(split, several, cells), self._price(padded, several, cells))
-            self._priced[(layout, cells)] = got
-        return got
+            got = self._priced[key] = (*self._sums(split, cells), *self._sums(padded, cells))
+        spans, ones, padded_spans, padded_ones = got
+        alone = self.beside if several else 1.0
+        return min(spans * self.shared + ones * alone, padded_spans * self.shared + padded_ones * alone)
 
     def padded(self, rows: Sequence[tuple[int, int]], cells: int = 0) -> bool:
         """Whether the decode is cheaper with every sequence's rows padded to the widest of its run
@@ -191,15 +200,26 @@ class CostModel(Calibration):
         token, never read and rolled back: engine.sequence). Where rows cost little next to a pass
         (a GPU) it is; on a CPU, where each row costs about as much as the pass's fixed part, a
         lone draft is cheaper in a pass of its own."""
-        split, padded, several = shapes(rows)
+        split, padded, several, _ = shapes(rows)
         return self._price(padded, several, cells) < self._price(split, several, cells)
 
     def _price(self, layout: Sequence[tuple[int, int]], several: bool, cells: int) -> float:
         """Seconds of a decode's passes, each (rows, KV streams it spans), `several`: the decode
         holds several sequences' rows. A pass over several streams costs `shared` times what the
         curve (one stream's rows) says, and a pass of one stream beside others `beside` times."""
-        alone = self.beside if several else 1.0
-        return sum(self._at(m, cells) * (self.shared if streams > 1 else alone) for m, streams in layout)
+        spans, ones = self._sums(layout, cells)
+        return spans * self.shared + ones * (self.beside if several else 1.0)
+
+    def _sums(self, layout: Sequence[tuple[int, int]], cells: int) -> tuple[float, float]:
+        """A decode's passes at the curve's price after `cells`: those that span several streams,
+        and those of one."""
+        spans = ones = 0.0
+        for m, streams in layout:
+            if streams > 1:
+                spans += self._at(m, cells)
+            else:
+                ones += self._at(m, cells)
+        return spans, ones
 
     def observe_shared(self, rows: Sequence[tuple[int, int]], seconds: float, cells: int = 0) -> None:
         """A decode of several sequences' rows, as (sequence id, rows) as decoded, took `seconds`:
@@ -213,9 +233,7 @@ class CostModel(Calibration):
         curve's price at the step's depth (`cells`, the deepest stream's); a lone sequence's
         rounds correct the curve as they go, but a shared step's time says nothing about one of
         its passes (one learnt factor for both read 2.7 where the shared passes' alone was 1.2)."""
-        layout = passes(rows)
-        spanning = sum(self._at(m, cells) for m, streams in layout if streams > 1)
-        alone = sum(self._at(m, cells) for m, streams in layout if streams == 1)
+        spanning, alone = self._sums(passes(rows), cells)
         if alone <= 0 < spanning:
             self.shared += self._smooth * (_bounded(seconds / spanning) - self.shared)
             self.beside += BESIDE_FADE * (1.0 - self.beside)  # no evidence of its own here (BESIDE_FADE)
@@ -223,10 +241,10 @@ class CostModel(Calibration):
             self.beside += self._smooth * (_bounded((seconds - spanning * self.shared) / alone) - self.beside)
         else:  # nothing measured yet
             return
-        self._repriced()  # prices cached at the old factors
+        self._others = ((), 0, None, 0.0, {})  # the rows' prices at the old factors (the sums hold)
 
     def _repriced(self) -> None:
-        """Drop the prices cached at the old curve and factors (t_step moves in place)."""
+        """Drop the prices cached at the old curve (t_step moves in place)."""
         self._others = ((), 0, None, 0.0, {})
         self._priced = {}
 
@@ -387,7 +405,7 @@ class CostModel(Calibration):
 
 
 PRICED_MAX = 4096
-"""Layout prices CostModel.batch keeps: the step's depth moves every step, so a few steps' worth."""
+"""Layouts CostModel.batch keeps priced: a KV block's worth of steps, and the steps near a block's end."""
 
 
 def blocks(cells: int) -> int:

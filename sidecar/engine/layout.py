@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
-Layout = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...], bool]
+# split passes, padded passes, several sequences' rows, the widest pass of either
+Layout = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...], bool, int]
 
 
 def several(rows: Sequence[tuple[int, int]]) -> bool:
@@ -63,14 +64,16 @@ def runs(rows: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
 
 
 def shapes(rows: Sequence[tuple[int, int]]) -> Layout:
-    """A decode's passes both ways, split (`passes`) and padded (`padded_passes`), and whether it
-    holds several sequences' rows: what CostModel.batch prices. Remembered by the rows: a planner
-    prices a dozen candidate drafts for every sequence of every step, the same few shapes over and
-    over (n-gram at N = 4 on SmolLM2: 51 layouts a step; remembering them took the step loop's time
-    outside llama_decode from 1.18 to 1.0 ms a step, against 0.46 ms for plain steps)."""
+    """A decode's passes both ways, split (`passes`) and padded (`padded_passes`), whether it holds
+    several sequences' rows, and its widest pass: what CostModel.batch prices. Remembered by the
+    rows: a planner prices a dozen candidate drafts for every sequence of every step, the same few
+    shapes over and over (n-gram at N = 4 on SmolLM2: 51 layouts a step; remembering them took the
+    step loop's time outside llama_decode from 1.18 to 1.0 ms a step, against 0.46 ms for plain
+    steps)."""
     return _shapes(tuple(sorted(rows)))
 
 
 @lru_cache(maxsize=4096)
 def _shapes(rows: tuple[tuple[int, int], ...]) -> Layout:
-    return tuple(passes(rows)), tuple(padded_passes(rows)), several(rows)
+    split, padded = tuple(passes(rows)), tuple(padded_passes(rows))
+    return split, padded, several(rows), max((m for m, _ in split + padded), default=0)
