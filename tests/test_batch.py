@@ -317,7 +317,7 @@ def test_model_drafts_that_pay_only_together_are_made_together(weights: Weights,
     draft = Context(weights, ContextParams(n_ctx=N_CTX, n_batch=512, n_seq=2))
     b = Batch(weights, 2, draft=draft)
     b.cost = PairPrices()
-    b.cost.explored.add("model")  # no exploring probe (Plan._nothing_pays): every draft is a decision
+    b.cost.explored.add("model")  # no exploring probe (Probing.due): every draft is a decision
     b.config = replace(b.config, n_max=8, acceptance_prior=0.95)
     try:
         b.alongside(reqs, want)

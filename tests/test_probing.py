@@ -20,17 +20,17 @@ def test_a_source_never_probed_is_probed_at_once_then_waits_out_its_back_off_and
     c, config = cost(), SpeculativeConfig()
     p = Probing(backoff=4)
     p.wait(c, ALONE)
-    assert p.due(c, config, "model", 8, 100, beside=False)  # no evidence at all: explore
+    assert p.due(c, config, "model", 8, lambda: 100, beside=False)  # no evidence at all: explore
     assert (p.idle, p.backoff, c.unprobed, c.explored) == (0, 8, 0.0, {"model"})
     for _ in range(7):
         p.wait(c, ALONE)
-    assert not p.due(c, config, "model", 8, 100, beside=False)  # 7 plain steps < the back-off of 8
+    assert not p.due(c, config, "model", 8, lambda: 100, beside=False)  # 7 plain steps < the back-off of 8
     p.wait(c, ALONE)
     # The back-off is out, but 8 plain steps' 3% budget buys far less than a probe's rows and catch-up.
-    assert not p.due(c, config, "model", 8, 100, beside=False)
+    assert not p.due(c, config, "model", 8, lambda: 100, beside=False)
     for _ in range(2000):
         p.wait(c, ALONE)
-    assert p.due(c, config, "model", 8, 100, beside=False)
+    assert p.due(c, config, "model", 8, lambda: 100, beside=False)
     assert p.backoff == 16
 
 
@@ -40,9 +40,9 @@ def test_beside_a_free_source_the_first_probe_waits_for_plain_steps_worth_its_ca
     p = Probing(backoff=1000)
     for _ in range(9):
         p.wait(c, ALONE)
-    assert not p.due(c, config, "model", 8, 95, beside=True)  # 9 steps (0.09 s) < 95 tokens' 0.095 s
+    assert not p.due(c, config, "model", 8, lambda: 95, beside=True)  # 9 steps (0.09 s) < 95 tokens' 0.095 s
     p.wait(c, ALONE)
-    assert p.due(c, config, "model", 8, 95, beside=True)
+    assert p.due(c, config, "model", 8, lambda: 95, beside=True)
 
 
 def test_a_shared_step_counts_its_share_of_the_probe_budget() -> None:

@@ -147,12 +147,12 @@ class CostModel(Calibration):
         # (a step's others' rows, its cells, the curve priced by, their decode's price, (seq, n) ->
         # what n rows add): a round prices many draft lengths, from each ready source, against one step.
         self._others: tuple[object, int, object, float, dict[tuple[int, int], float]] = ((), 0, None, 0.0, {})
-        # `batch`'s layouts at the curve's price, by layout and depth, at the curve and slope in
-        # `_basis`: the passes that span several streams and those of one, split and padded
-        # (`_sums`). Each sequence of a step prices its candidate drafts beside the others' rows,
-        # and whichever stream drafts, those are mostly the same passes (the others' plain rows,
-        # then the draft's own), step after step. The factors (`shared`, `beside`) move with every
-        # shared decode, so they are applied after the cache, not kept in it.
+        # `batch`'s layouts at the curve's price (`_sums`: the passes that span several streams and
+        # those of one, split and padded), by layout and KV block (the exact depth near a block's
+        # end), at the curve and slope in `_basis`. Each sequence of a step prices its candidate
+        # drafts beside the others' rows, and whichever stream drafts, those are mostly the same
+        # passes (the others' plain rows, then the draft's own), step after step. The factors
+        # (`shared`, `beside`) move with every shared decode, so they are applied after the cache.
         self._priced: dict[tuple[Layout, int], tuple[float, float, float, float]] = {}
         self._basis: tuple[object, float] = (None, 0.0)
 
@@ -244,7 +244,7 @@ class CostModel(Calibration):
         self._others = ((), 0, None, 0.0, {})  # the rows' prices at the old factors (the sums hold)
 
     def _repriced(self) -> None:
-        """Drop the prices cached at the old curve (t_step moves in place)."""
+        """Drop the prices cached at the old curve or depth slope (t_step moves in place)."""
         self._others = ((), 0, None, 0.0, {})
         self._priced = {}
 

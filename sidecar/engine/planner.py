@@ -68,7 +68,7 @@ class Plan:
         for key, (succ, fail) in list(cost.evidence.items()):
             # Earlier requests' evidence, capped so this request's own rounds can still move it.
             scale = min(1.0, 64.0 / (succ + fail)) if succ + fail > 0 else 1.0
-            plan._evidence[key] = [succ * scale, fail * scale]
+            plan._evidence[Key(*key)] = [succ * scale, fail * scale]
         # A model draft known not to pay (it has one class): probe late and rarely.
         costly = plan._costly
         if costly is not None:
@@ -144,7 +144,8 @@ class Plan:
             a = self._acceptance(i, support, retry)
             yield from (expected_tokens(a, k) for k in count(1))
             return
-        e, holds, known = 1.0, 1.0, {}  # known: a copy's tokens fall in a few classes
+        e, holds = 1.0, 1.0
+        known: dict[tuple[int, float | None], float] = {}  # a copy's tokens fall in a few classes
         for j in count():
             s = along(j)
             got = known.get(c := (s.cls, s.prior))
@@ -335,20 +336,20 @@ class Plan:
         arrives from the classes that look worth drafting, and a probe would only buy a wider batch
         for a class already expected to lose. The plain round answered carries the class that was
         priced (the first ready source's)."""
-        i = self._costly
-        probe = i is not None and supports[i].ready
+        costly = self._costly
+        i = costly if costly is not None and supports[costly].ready else None  # a costly source to probe
         # A free source that has drafted this request was not switched off: only this class of
         # draft is skipped, so it reports no fallback.
-        if self.fallback is None and (probe or not self.tally.rounds):
+        if self.fallback is None and (i is not None or not self.tally.rounds):
             self.fallback = (f"draft does not pay: acceptance {self._acceptance(i, supports[i]):.2f}"
-                             if probe and self.tally.rounds else "verification too costly on this hardware")
+                             if i is not None and self.tally.rounds else "verification too costly on this hardware")
         self.probing.wait(self.cost, step)
-        if i is None or not probe:
+        if i is None:
             return plain
         # Probe in full so one round is real evidence (a model drafter still stops early where
         # its own confidence falls below p_min).
         src, k = self.sources[i], min(k_cap, PROBE_TOKENS)
-        if not self.probing.due(self.cost, self.config, src.name, k, src.lag(), len(self.sources) > 1):
+        if not self.probing.due(self.cost, self.config, src.name, k, src.lag, len(self.sources) > 1):
             return plain
         return Round(i, k, k + 1, supports[i], probe=True)
 
@@ -424,4 +425,5 @@ class Plan:
             self._tried.add(key)
             self.cost.observe_acceptance(key, d, a)
             ev = self._evidence.setdefault(key, [0.0, 0.0])
-            ev[0], ev[1] = ev[0] + a, ev[1] + (1 if a < d else 0)
+            ev[0] += a
+            ev[1] += 1 if a < d else 0  # the token that broke the draft, if one did

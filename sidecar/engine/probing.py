@@ -11,6 +11,7 @@ switched a copying request's long matches off with its short ones.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.engine.adaptive import CostModel, SpeculativeConfig, Step
@@ -44,10 +45,12 @@ class Probing:
         self.idle += 1
         cost.unprobed += 1.0 / (1 + len(step.rows))
 
-    def due(self, cost: CostModel, config: SpeculativeConfig, name: str, k: int, lag: int, beside: bool) -> bool:
+    def due(self, cost: CostModel, config: SpeculativeConfig, name: str, k: int, lag: Callable[[], int],
+            beside: bool) -> bool:
         """Whether source `name`, whose draft does not pay this round, drafts k tokens now as a probe,
-        `lag` tokens behind the target; `beside`: a free source drafts beside it. If so, the probe is
-        booked (the back-off doubles, the pair's budget is spent).
+        `lag()` tokens behind the target (asked only where it matters: it reads the whole context);
+        `beside`: a free source drafts beside it. If so, the probe is booked (the back-off doubles,
+        the pair's budget is spent).
 
         A source the pair has no evidence of at all is probed once, the first time it could draft
         (a request's start, where its catch-up is the prompt): judged by the prior alone, a model
@@ -65,9 +68,12 @@ class Probing:
         its budget, and a model draft whose first evidence had to come from one request alone was
         never probed at all. A probe is priced at the load's prices where the learnt ones are
         higher (CostModel.probe_seconds): those may be a disturbance's."""
-        explore = name not in cost.explored and (not beside or self.idle * cost.t_step[1] >= lag * cost.t_catchup)
-        if not explore and (self.idle < self.backoff
-                            or cost.probe_seconds(k, lag) > config.probe_budget * cost.unprobed * cost.t_step[1]):
+        explore = name not in cost.explored
+        behind = lag() if explore and beside else None
+        if behind is not None:
+            explore = self.idle * cost.t_step[1] >= behind * cost.t_catchup
+        if not explore and (self.idle < self.backoff or cost.probe_seconds(k, lag() if behind is None else behind)
+                            > config.probe_budget * cost.unprobed * cost.t_step[1]):
             return False
         self.idle = 0
         self.backoff *= 2
