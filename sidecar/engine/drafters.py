@@ -183,9 +183,9 @@ class NgramDrafter:
             self.begin(None)
         # Index every n-gram that has at least one following token: end <= n_ctx - 1.
         index = self._index
-        for end in range(max(self._indexed, self.min_n), n_ctx):
-            for n in range(self.min_n, min(self.max_n, end) + 1):
-                index[tuple(context[end - n : end])] = end
+        for upto in range(max(self._indexed, self.min_n), n_ctx):
+            for n in range(self.min_n, min(self.max_n, upto) + 1):
+                index[tuple(context[upto - n : upto])] = upto
         self._indexed = max(self._indexed, n_ctx)
         match = start = 0
         for n in range(min(self.max_n, n_ctx), self.min_n - 1, -1):

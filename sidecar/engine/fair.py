@@ -77,7 +77,7 @@ def withdrawals(bids: dict[int, Bid], accounts: dict[int, Account], slack: float
     """The streams whose drafts the step must take back, in order, so that no stream falls behind
     plain steps by more than `slack` of its plain time through the others' drafts; and the bids
     with those drafts taken back."""
-    bids, out = dict(bids), []
+    bids, out = dict(bids), list[int]()
     while True:
         short = {s for s, b in bids.items() if _short(s, bids, accounts[s], slack)}
         # What each draft costs the others beyond the lead it gives them; a stream short only by

@@ -22,8 +22,9 @@ source each round with `propose(context, 0)`, which drafts nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
-from sidecar.engine.drafters import Drafter, Learner, Proposal
+from sidecar.engine.drafters import Drafter, Learner, Proposal, Support
 from sidecar.engine.grammar import Grammar
 from sidecar.engine.rounds import Source
 from sidecar.engine.sampling import Sampler
@@ -47,8 +48,8 @@ class HybridDrafter:
 
     def plan_sources(self, context: Sequence[int]) -> list[Source]:
         """The sources as the planner sees them, reading `context` (the committed tokens) as it grows."""
-        return [Source(s.name, s.has_cost, lambda s=s: s.propose(context, 0).support,
-                       lambda s=s: s.propose(context, 0).lag) for s in self.sources]
+        return [Source(s.name, s.has_cost, partial(_support, s, context), partial(_lag, s, context))
+                for s in self.sources]
 
     def begin(self, sampler: Sampler) -> None:
         for s in self.sources:
@@ -66,3 +67,11 @@ class HybridDrafter:
         for s in self.sources:
             if isinstance(s, Learner):
                 s.finish(prompt, output, done_reason)
+
+
+def _support(source: Drafter, context: Sequence[int]) -> Support:
+    return source.propose(context, 0).support
+
+
+def _lag(source: Drafter, context: Sequence[int]) -> int:
+    return source.propose(context, 0).lag

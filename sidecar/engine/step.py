@@ -199,7 +199,7 @@ class StepLoop:
                         continue  # no room in this step: the prompt goes on in the next
                     chunk = self._chunk(sid, seq, planned, deepest([*planned, sid])) if planned else room
                     want = seq.rows(budget=min(chunk, room))
-                    if want is not None:
+                    if isinstance(want, Rows):  # a prompt's chunk: never a model draft's Ask
                         planned[sid] = len(want.tokens)
                 else:
                     others = tuple((s, n) for s, n in planned.items() if s != sid)
@@ -235,8 +235,8 @@ class StepLoop:
         cells = deepest(sid for sid, _ in parts)
         widths = [(sid, len(tokens)) for sid, tokens, _ in batch]
         if all(rows.logits for _, rows in parts) and self.running[parts[0][0]].cost.padded(widths, cells):
-            room = {sid: target.n_ctx - len(target.held(sid)) for sid, _ in parts}
-            padded = pad_widths(widths, room, target.n_batch)
+            window = {sid: target.n_ctx - len(target.held(sid)) for sid, _ in parts}
+            padded = pad_widths(widths, window, target.n_batch)
             # The pending token again, never read (logits are still asked of every row of a round).
             batch = [(sid, tokens + [tokens[0]] * (padded[sid] - len(tokens)), padded[sid]) for sid, tokens, _ in batch]
         t = time.perf_counter()
