@@ -157,7 +157,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         notifier.ready()
         notifier.status(serving())
 
-    reloader.on_reloading.append(lambda: notifier.reloading())
+    def reloading() -> None:
+        notifier.reloading()
+
+    reloader.on_reloading.append(reloading)
     reloader.on_reloaded.append(reloaded)
     log.info("spec-sidecar %s serving %d pair(s) from %s on %s:%d", __version__, len(runtime.entries), path,
              host or "*", port)

@@ -157,9 +157,9 @@ def cors_middleware(policy: CorsPolicy) -> Callable[[web.Request, Handler], Awai
         if not policy.allows(origin):
             return web.Response(status=403)
         if request.method == hdrs.METH_OPTIONS:
-            resp = web.Response(status=204)
-            _apply(policy.preflight_headers(origin), resp)
-            return resp
+            preflight = web.Response(status=204)
+            _apply(policy.preflight_headers(origin), preflight)
+            return preflight
         headers = policy.normal_headers(origin)
         request[CORS_HEADERS] = headers  # for streamed responses, see on_response_prepare
         try:

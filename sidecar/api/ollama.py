@@ -165,7 +165,7 @@ async def show(request: web.Request) -> web.Response:
     if system:
         modelfile.append(f'SYSTEM """{system}"""')
     modelfile += [f"PARAMETER {p}" for p in param_lines]
-    out = {
+    out: dict[str, Any] = {
         "license": "",
         "modelfile": "\n".join(modelfile) + "\n",
         "parameters": "\n".join(param_lines),

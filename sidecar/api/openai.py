@@ -206,7 +206,7 @@ def _messages(entry: PairEntry, body: dict[str, Any]) -> list[dict[str, Any]]:
         if isinstance(m.get("reasoning"), str) and m["reasoning"]:
             extra["thinking"] = m["reasoning"]  # Ollama's name for an earlier turn's reasoning
         if role == "tool":
-            cid = m.get("tool_call_id") if isinstance(m.get("tool_call_id"), str) else ""
+            cid: str = m["tool_call_id"] if isinstance(m.get("tool_call_id"), str) else ""
             name = m.get("name") if isinstance(m.get("name"), str) else names.get(cid, "")
             extra.update({"tool_name": name, "tool_call_id": cid} if cid else {"tool_name": name})
         if content is None or isinstance(content, str):

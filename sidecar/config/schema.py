@@ -160,8 +160,10 @@ class HybridDraft(Strict):
 
 def _draft_kind(v: Any) -> str:
     if isinstance(v, dict):
-        return v.get("type") if v.get("type") in ("ngram", "auto", "hybrid") else "model"
-    return {NgramDraft: "ngram", AutoDraft: "auto", HybridDraft: "hybrid"}.get(type(v), "model")
+        kind = v.get("type")
+        return kind if isinstance(kind, str) and kind in ("ngram", "auto", "hybrid") else "model"
+    kinds: dict[type, str] = {NgramDraft: "ngram", AutoDraft: "auto", HybridDraft: "hybrid"}
+    return kinds.get(type(v), "model")
 
 
 Draft = Annotated[

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 
 from sidecar.engine.llama import Context
+from sidecar.engine.seqview import SeqView
 
 
 def cores_taken(n_threads: int, interval: float = 0.05) -> bool:
@@ -103,7 +104,7 @@ class Calibration:
     def set_provisional(self, provisional: bool) -> None:
         raise NotImplementedError
 
-    def calibrate(self, ctx: Context, reps: int = 3, budget: float | None = None) -> None:
+    def calibrate(self, ctx: Context | SeqView, reps: int = 3, budget: float | None = None) -> None:
         """Time decodes of 1..n rows on a scratch sequence, then give the cache back empty.
 
         Each size is timed `reps` times and the minimum kept. Sizes are taken widest-spread first
@@ -194,7 +195,7 @@ class Calibration:
         self.set_provisional(True)
 
     @classmethod
-    def _time_same(cls, ctx: Context, base: int, sizes: Sequence[int], reps: int) -> dict[int, float]:
+    def _time_same(cls, ctx: Context | SeqView, base: int, sizes: Sequence[int], reps: int) -> dict[int, float]:
         """The fastest of `reps` decodes of n rows right after one of n rows, per size."""
         best = dict.fromkeys(sizes, float("inf"))
         for _ in range(reps):
@@ -206,7 +207,7 @@ class Calibration:
         return best
 
     @classmethod
-    def _probe_steps(cls, ctx: Context, t_start: float, deadline: float,
+    def _probe_steps(cls, ctx: Context | SeqView, t_start: float, deadline: float,
                      budget: float | None) -> tuple[list[float], float | None]:
         """A warm-up, then up to five one-token steps from a cleared cache, in a quarter of the
         budget (one at least; see calibrate): the steps, and where a budget is set and the machine
@@ -232,7 +233,7 @@ class Calibration:
         return steps, None
 
     @classmethod
-    def _lone_step(cls, ctx: Context) -> float:
+    def _lone_step(cls, ctx: Context | SeqView) -> float:
         """A one-token step on one thread, then the cache cleared: on a machine whose cores are
         all taken, where threads that wait for each other stall, the one scale worth having."""
         ctx.set_threads(1)
@@ -243,12 +244,12 @@ class Calibration:
             ctx.clear()
 
     @staticmethod
-    def _time_decode(ctx: Context, n: int) -> float:
+    def _time_decode(ctx: Context | SeqView, n: int) -> float:
         t0 = time.perf_counter()
         ctx.decode([0] * n)
         return time.perf_counter() - t0
 
-    def calibrate_draft(self, draft: Context, reps: int = 3, budget: float | None = None) -> bool:
+    def calibrate_draft(self, draft: Context | SeqView, reps: int = 3, budget: float | None = None) -> bool:
         """Time the draft's one-token step and its catch-up prefill (per token), fastest of `reps`
         (of as many as `budget` seconds allow, one at least). False: the machine was contended,
         and the times are a prior guess (provisional, not worth keeping)."""

@@ -162,7 +162,7 @@ class _Reader:
         if vtype != _ARRAY:
             raise GGUFError(f"unknown GGUF value type {vtype}")
         etype, n = self.unpack(_U32), self.unpack(_U64)
-        if etype == _STRING and key in self.keep_strings:
+        if etype == _STRING and key is not None and key in self.keep_strings:
             self.strings[key] = self.kept_strings(n)
         elif n <= ARRAY_KEEP or (self.keep_arrays and etype == _STRING):
             return [self.value(etype) for _ in range(n)]

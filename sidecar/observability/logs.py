@@ -57,7 +57,7 @@ def quiet_bad_requests(record: logging.LogRecord) -> bool:
 def setup_logging(level: int = logging.INFO) -> None:
     """Route stdlib logging (ours, aiohttp's, llama.cpp's) through one structlog renderer."""
     renderers = _renderers(sys.stderr.isatty(), show_locals())
-    shared = [
+    shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,

@@ -141,7 +141,10 @@ def infer_think_tags(template: GoTemplate) -> tuple[str, str]:
                     closing = _trim_space(last.text)
                 break
 
-    _visit(template.root, enter, lambda _: ancestors.pop())
+    def leave(_: _TreeNode) -> None:
+        ancestors.pop()
+
+    _visit(template.root, enter, leave)
     return opening, closing
 
 

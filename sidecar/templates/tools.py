@@ -210,7 +210,7 @@ class ToolCallParser:
         """(name, arguments) of one call object, in any of the common spellings."""
         if not isinstance(item, dict):
             raise _NotACall
-        fn = item.get("function") if isinstance(item.get("function"), dict) else item
+        fn: dict[str, Any] = item["function"] if isinstance(item.get("function"), dict) else item
         return fn.get("name"), fn.get("arguments", fn.get("parameters", {}))
 
     def _call(self, item: Any) -> tuple[str, dict[str, Any]]:

@@ -15,13 +15,14 @@ from typing import Any
 
 from sidecar.engine.adaptive import CostModel
 from sidecar.engine.llama import Context, backend_id, default_threads
+from sidecar.engine.seqview import SeqView
 from sidecar.models.cache import FileCache
 from sidecar.storage import KeyedCache, cache_dir
 
 FORMAT = "spec-sidecar/cost-curve-1"
 
 
-def curve_key(path: Path, ctx: Context, gpu_layers: int, role: str, rows: int = 0) -> dict[str, Any]:
+def curve_key(path: Path, ctx: Context | SeqView, gpu_layers: int, role: str, rows: int = 0) -> dict[str, Any]:
     """What fixes a model's timings here; `rows` is how much of the verify curve is wanted."""
     p = ctx.params
     bucket = 1 << max(0, ctx.n_ctx - 1).bit_length()

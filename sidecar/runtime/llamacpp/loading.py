@@ -201,10 +201,12 @@ def _cost_model(lm: Loaded, spec: SpeculativeConfig, draft_ctx: Context | None, 
     Measured on a stream no sequence runs on (between steps, on the batcher's thread), or on a
     scratch context when every stream is busy."""
     free = lm.loop.idle_stream()
+    ctx: Context | SeqView
     scratch = None
     if free is None:
-        scratch = Context(lm.weights, replace(lm.ctx.params, n_seq=1))
-    ctx: Context | SeqView = SeqView(lm.ctx, free) if scratch is None else scratch
+        ctx = scratch = Context(lm.weights, replace(lm.ctx.params, n_seq=1))
+    else:
+        ctx = SeqView(lm.ctx, free)
     try:
         # `is not None`: a Context has a length (what it holds), so an empty one is falsy.
         draft = SeqView(draft_ctx, free if free is not None else 0) if draft_ctx is not None else None

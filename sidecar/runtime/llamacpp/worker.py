@@ -28,7 +28,7 @@ import concurrent.futures
 import contextvars
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -135,7 +135,7 @@ class Batcher:
         return fut
 
     async def stream(self, prompt: Sequence[int], make: Callable[[int, Callable[[], bool]], EngineSequence],
-                     maxsize: int = 16) -> AsyncIterator[Any]:
+                     maxsize: int = 16) -> AsyncGenerator[Any, None]:
         """Queue a request: `make(stream, cancelled)` builds its engine sequence on the batcher's
         thread once a stream is free; yield its items on the event loop as they come.
 
@@ -232,7 +232,7 @@ class Batcher:
             if sink.cancel.is_set():  # the client left while it waited: not even a prefill
                 continue
             try:
-                seq = head.context.run(loop.add, head.prompt, lambda sid, s=sink, h=head: h.make(sid, s.cancel.is_set))
+                seq = head.context.run(loop.add, head.prompt, _bound(head.make, sink.cancel.is_set))
             except BaseException as e:
                 sink.put(_Failure(e))
                 continue
@@ -261,3 +261,9 @@ class Batcher:
 class _Failure:
     def __init__(self, error: BaseException) -> None:
         self.error = error
+
+
+def _bound(make: Callable[[int, Callable[[], bool]], EngineSequence], cancelled: Callable[[], bool]
+           ) -> Callable[[int], EngineSequence]:
+    """`make` with its request's cancel check: what the step loop calls with the stream it gives."""
+    return lambda sid: make(sid, cancelled)
