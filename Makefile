@@ -80,6 +80,7 @@ test: install-test install-vllm
 
 lint: install-test
 	$(BIN)/ruff check sidecar tests bench
+	$(BIN)/mypy sidecar
 
 bench: install-test
 	$(BIN)/python bench/bench_spec.py
