@@ -156,6 +156,12 @@ def test_models(client: openai.OpenAI) -> None:
     ("/v1/chat/completions", {"model": PAIR, "messages": MSGS, "stop": 5}, 400, "invalid_request_error", "stop"),
     ("/v1/completions", {"model": PAIR, "prompt": ["a", "b"]}, 400, "invalid_request_error",
      "prompt must be a string"),
+    # Ollama passes `logprobs` on as top_logprobs, so the same range holds (the whole vocabulary
+    # per token was an 8 MB answer to two tokens).
+    ("/v1/completions", {"model": PAIR, "prompt": "a", "logprobs": 1000000}, 400, "invalid_request_error",
+     "top_logprobs must be between 0 and 20"),
+    ("/v1/completions", {"model": PAIR, "prompt": "a", "logprobs": -1}, 400, "invalid_request_error",
+     "top_logprobs must be between 0 and 20"),
     ("/v1/embeddings", {"model": PAIR, "input": "x"}, 400, "invalid_request_error", "does not support embeddings"),
 ])
 def test_errors_use_openais_envelope(v1: Daemon, path: str, body: dict, status: int, kind: str, message: str) -> None:

@@ -62,6 +62,20 @@ def test_malformed_durations_are_a_400(value: str) -> None:
     assert e.value.message == f'time: invalid duration "{value.strip()}"'
 
 
+@pytest.mark.parametrize("value", ["99999999999999h", "2562048h", "9223372037s"])
+def test_a_duration_past_int64_nanoseconds_is_invalid_as_in_go(value: str) -> None:
+    """time.ParseDuration's overflow; an expiry that far out also broke /api/ps (no clock shows it)."""
+    with pytest.raises(ApiError) as e:
+        parse_duration(value)
+    assert (e.value.status, e.value.message) == (400, f'time: invalid duration "{value}"')
+    assert parse_duration("2562047h") == 2562047 * 3600.0
+
+
+@pytest.mark.parametrize("value", [1e300, 9.3e9])
+def test_a_number_past_int64_nanoseconds_keeps_the_model_forever(value: float) -> None:
+    assert parse_duration(value) == -1.0
+
+
 @pytest.mark.parametrize(("value", "seconds"), [("+5m", 300.0), ("+0", 0.0)])
 def test_a_leading_plus_sign_is_accepted_like_go(value: str, seconds: float) -> None:
     """Go's time.ParseDuration accepts an optional sign, '-' or '+': "+5m" is 5 minutes."""
@@ -156,8 +170,16 @@ def test_read_body_missing(raw: bytes) -> None:
     assert body_error(raw) == "missing request body"
 
 
-def test_read_body_rejects_invalid_utf8() -> None:
-    assert "not valid UTF-8" in body_error(b'{"prompt": "\xff"}')
+def test_read_body_takes_invalid_utf8_in_a_string_as_go_does() -> None:
+    """encoding/json replaces invalid UTF-8 with U+FFFD instead of failing (its Unmarshal docs)."""
+    assert body(b'{"prompt": "a\xffb"}') == {"prompt": "a\ufffdb"}
+
+
+def test_read_body_replaces_unpaired_surrogates_as_go_does() -> None:
+    """A lone surrogate escape (a JavaScript string cut inside an emoji) is U+FFFD, in keys and
+    nested values too; a pair is the character it encodes."""
+    raw = b'{"prompt": "x\\ud83d", "messages": [{"content": "\\ude00y\\ud83d\\ude00"}], "\\udc00": 1}'
+    assert body(raw) == {"prompt": "x\ufffd", "messages": [{"content": "\ufffdy\U0001f600"}], "\ufffd": 1}
 
 
 @pytest.mark.parametrize(("raw", "message"), [
@@ -214,6 +236,16 @@ def test_requests_read_typed_values_and_zero_values() -> None:
          "json: cannot unmarshal number into Go struct field Message.messages.role of type string"),
         (ChatRequest, {"messages": ["hi"]},
          "json: cannot unmarshal string into Go struct field ChatRequest.messages of type api.Message"),
+        (ChatRequest, {"messages": [{"role": "assistant", "tool_calls": ["f"]}]},
+         "json: cannot unmarshal string into Go struct field Message.messages.tool_calls of type api.ToolCall"),
+        (ChatRequest, {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": 5}}]}]},
+         "json: cannot unmarshal number into Go struct field ToolCallFunction.messages.tool_calls.function.name "
+         "of type string"),
+        (ChatRequest, {"messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": []}}]}]},
+         "json: cannot unmarshal array into Go struct field ToolCallFunction.messages.tool_calls.function.arguments "
+         "of type api.ToolCallFunctionArguments"),
+        (ChatRequest, {"messages": [{"role": "assistant", "tool_calls": [{"id": 1, "function": {}}]}]},
+         "json: cannot unmarshal number into Go struct field ToolCall.messages.tool_calls.id of type string"),
         (ChatRequest, {"tools": True},
          "json: cannot unmarshal bool into Go struct field ChatRequest.tools of type api.Tools"),
         (GenerateRequest, {"top_logprobs": 1.5},

@@ -159,10 +159,14 @@ def _think(body: dict[str, Any]) -> bool | str | None:
 
 
 def _logprobs(body: dict[str, Any], *, completion: bool) -> int | None:
-    """Chat: `logprobs` true plus `top_logprobs`; completions: `logprobs` is the number of alternatives."""
+    """Chat: `logprobs` true plus `top_logprobs`; completions: `logprobs` is the number of alternatives,
+    which Ollama passes on as `top_logprobs` and checks as such (openai/openai.go FromCompleteRequest,
+    server/routes.go)."""
     if completion:
         n = _integer(body, "logprobs")
-        return None if n is None else n
+        if n is not None and not 0 <= n <= 20:
+            raise ApiError(400, "top_logprobs must be between 0 and 20")
+        return n
     on = body.get("logprobs")
     if on is not None and not isinstance(on, bool):
         raise ApiError(400, "invalid logprobs: must be a boolean")

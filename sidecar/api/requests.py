@@ -12,7 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError, PydanticUseDefault
 
 from sidecar.api.wire import ApiError, json_kind
@@ -105,8 +114,8 @@ class Message(_Request):
     content: Annotated[str, _go("string", _is_str, "messages.content")] = ""
     thinking: Annotated[str, _go("string", _is_str, "messages.thinking")] = ""
     images: Annotated[list[Any], _go("[]api.ImageData", _is_list, "messages.images")] = Field(default_factory=list)
-    tool_calls: Annotated[list[Any], _go("[]api.ToolCall", _is_list, "messages.tool_calls")] = Field(
-        default_factory=list)
+    tool_calls: Annotated[list[Any], _go("[]api.ToolCall", _is_list, "messages.tool_calls"),
+                          AfterValidator(lambda v: _tool_calls(v))] = Field(default_factory=list)
     tool_name: Annotated[str, _go("string", _is_str, "messages.tool_name")] = ""
     tool_call_id: Annotated[str, _go("string", _is_str, "messages.tool_call_id")] = ""
 
@@ -122,6 +131,28 @@ class Message(_Request):
             if value := getattr(self, key):
                 out[key] = value
         return out
+
+
+# api.ToolCall and api.ToolCallFunction: each field's JSON check and Go type.
+_TOOL_CALL = {"id": (_is_str, "string"), "function": (lambda v: isinstance(v, dict), "api.ToolCallFunction")}
+_TOOL_FUNCTION = {"index": (_is_int, "int"), "name": (_is_str, "string"),
+                  "arguments": (lambda v: isinstance(v, dict), "api.ToolCallFunctionArguments")}
+
+
+def _tool_calls(calls: list[Any]) -> list[Any]:
+    """An earlier turn's tool calls as Go decodes them: a field of the wrong JSON type fails as
+    api.ToolCall's or api.ToolCallFunction's (null is the zero value); unknown fields pass."""
+    path = "messages.tool_calls"
+    for call in calls:
+        if not isinstance(call, dict):
+            raise unmarshal_error(call, "Message", path, "api.ToolCall")
+        for struct, fields, obj, where in (("ToolCall", _TOOL_CALL, call, path),
+                                           ("ToolCallFunction", _TOOL_FUNCTION, call.get("function") or {},
+                                            f"{path}.function")):
+            for key, (ok, go) in fields.items():
+                if obj.get(key) is not None and not ok(obj[key]):
+                    raise unmarshal_error(obj[key], struct, f"{where}.{key}", go)
+    return calls
 
 
 def _list_of(struct: str, field: str, go: str, element: str, ok: Callable[[Any], bool]) -> BeforeValidator:

@@ -86,16 +86,19 @@ def json_kind(v: Any) -> str:
 
 
 async def read_body(request: web.Request) -> dict[str, Any]:
-    """The JSON object of a request, with Ollama's answers for empty and malformed bodies."""
+    """The JSON object of a request, with Ollama's answers for empty and malformed bodies.
+
+    Go's encoding/json takes invalid UTF-8 and unpaired UTF-16 surrogates in a string as U+FFFD
+    (its Unmarshal documentation), so they are replaced here too: a JavaScript client that cut a
+    string inside an emoji sends a lone surrogate escape, which a tokenizer cannot encode."""
     raw = await request.read()
     if not raw.strip():
         raise ApiError(400, "missing request body")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ApiError(400, "invalid character in request body: not valid UTF-8") from None
+    text = raw.decode("utf-8", errors="replace")
     try:
         body = json.loads(text, parse_constant=_no_constant)
+        if _SURROGATE_ESCAPE.search(text):
+            body = _without_surrogates(body)
     except RecursionError:
         raise ApiError(400, "request body is nested too deeply") from None
     except json.JSONDecodeError as e:
@@ -103,6 +106,21 @@ async def read_body(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, f"json: cannot unmarshal {json_kind(body)} into Go value of type api.Request")
     return body
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_surrogates(v: Any) -> Any:
+    """A decoded body with every unpaired surrogate (JSON's decoder pairs the rest) as U+FFFD."""
+    if isinstance(v, str):
+        return _SURROGATE.sub("\ufffd", v)
+    if isinstance(v, list):
+        return [_without_surrogates(x) for x in v]
+    if isinstance(v, dict):
+        return {_without_surrogates(k): _without_surrogates(x) for k, x in v.items()}
+    return v
 
 
 def _no_constant(name: str) -> Any:
@@ -198,17 +216,23 @@ async def while_connected(request: web.Request, aw: Awaitable[T]) -> T:
 _DURATION = re.compile(r"([-+]?)((?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|ms|s|m|h))+$")
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_MAX = 2**63 / 1e9  # seconds: the longest time.Duration
 
 
 def parse_duration(v: Any) -> float:
-    """keep_alive: seconds as a number, or a Go duration string ("5m", "1h30m", "-1m", "0")."""
+    """keep_alive: seconds as a number, or a Go duration string ("5m", "1h30m", "-1m", "0").
+
+    A time.Duration is int64 nanoseconds (about 292 years). Go's ParseDuration rejects a string
+    past that as an invalid duration; a number past it has no value in Go (its float-to-int
+    conversion is undefined there), so it keeps the model forever, as a negative one does
+    (api/types.go, Duration.UnmarshalJSON). Either way no expiry lies beyond what a clock can show."""
     if isinstance(v, bool | list | dict):  # api.Duration's UnmarshalJSON, naming Go's reflect type
         go = {bool: "bool", list: "[]interface {}", dict: "map[string]interface {}"}[type(v)]
         raise ApiError(400, f"Unsupported type: '{go}'")
     if isinstance(v, int | float):
         if not math.isfinite(v):
             raise ApiError(400, "invalid keep_alive")
-        return float(v)
+        return float(v) if v < _DURATION_MAX else -1.0
     if isinstance(v, str):
         s = v.strip()
         if s in ("0", "-0", "+0"):
@@ -218,5 +242,7 @@ def parse_duration(v: Any) -> float:
             raise ApiError(400, f'time: missing unit in duration "{s}"' if s.lstrip("-").isdigit()
                            else f'time: invalid duration "{s}"')
         total = sum(float(n) * _UNIT[u] for n, u in _PART.findall(s))
+        if total >= _DURATION_MAX:
+            raise ApiError(400, f'time: invalid duration "{s}"')
         return -total if s.startswith("-") else total
     raise ApiError(400, "invalid keep_alive")
