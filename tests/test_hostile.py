@@ -213,11 +213,22 @@ def test_context_with_bad_token_ids(daemon: Daemon, context: list[int]) -> None:
     assert r.status_code in (200, 400), r.text
 
 
-@pytest.mark.parametrize("keep_alive", ["1" * 400 + "h", "9999999999999h", 1e308, -1e308, "-", "5", "1h1"])
+@pytest.mark.parametrize("keep_alive", ["1" * 400 + "h", "9999999999999h", 1e308, -1e308, "-", "5", "1h1", 1e300])
 def test_absurd_keep_alive(daemon: Daemon, keep_alive: Any) -> None:
+    """Whatever it sets, the expiry is one /api/ps can show (one past year 9999 made it a 500)."""
     r = httpx.post(daemon.url + "/api/generate", timeout=T, json={
         "model": TINY, "prompt": "hi", "stream": False, "keep_alive": keep_alive, "options": {"num_predict": 2}})
     check_answer("/api/generate", r)
+    assert httpx.get(daemon.url + "/api/ps", timeout=T).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/api/generate", "/v1/completions"])
+def test_a_lone_surrogate_is_replaced_as_go_does(daemon: Daemon, path: str) -> None:
+    """A JavaScript client that cuts a string inside an emoji sends an unpaired surrogate escape:
+    Go's decoder takes it as U+FFFD, so the request is answered, not failed at tokenization."""
+    r = post_raw(daemon, path, b'{"model": "tiny:test", "prompt": "x\\ud83d", "stream": false, '
+                               b'"options": {"num_predict": 2}, "max_tokens": 2}')
+    assert r.status_code == 200, r.text
 
 
 def test_still_serves_after_hand_picked_input(daemon: Daemon) -> None:
