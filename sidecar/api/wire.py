@@ -96,7 +96,9 @@ async def read_body(request: web.Request) -> dict[str, Any]:
         raise ApiError(400, "missing request body")
     text = raw.decode("utf-8", errors="replace")
     try:
-        body = json.loads(text, parse_constant=_no_constant)
+        # One value, and whatever follows it is not read: gin binds a body with a json.Decoder
+        # (binding/json.go, decodeJSON), which stops after the first value.
+        body, _ = _DECODER.raw_decode(text.lstrip(" \t\r\n"))
         if _SURROGATE_ESCAPE.search(text):
             body = _without_surrogates(body)
     except RecursionError:
@@ -108,6 +110,7 @@ async def read_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
+_DECODER = json.JSONDecoder(parse_constant=lambda name: _no_constant(name))
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -133,7 +136,6 @@ _GO_CONTEXT = {
     "Expecting property name enclosed in double quotes": "looking for beginning of object key string",
     "Expecting ':' delimiter": "after object key",
     "Expecting ',' delimiter": "after object key:value pair",
-    "Extra data": "after top-level value",
     "Invalid control character at": "in string literal",
     "Invalid \\escape": "in string escape code",
 }
