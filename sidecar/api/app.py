@@ -9,9 +9,8 @@ from aiohttp import web
 from sidecar.api import admin, guard, lifecycle, ollama, openai, proxy
 from sidecar.api.pairs import RUNTIME, runtime_of
 from sidecar.api.respond import api_error, log_request, request_logged
-from sidecar.api.wire import ApiError, error_for
+from sidecar.api.wire import error_for
 from sidecar.config.schema import UpstreamKind
-from sidecar.errors import ServerError
 from sidecar.observability import metrics
 from sidecar.runtime.manager import Runtime
 
@@ -91,11 +90,7 @@ async def errors(request: web.Request, handler):  # type: ignore[no-untyped-def]
         raise
     except Exception as e:
         err = api_error(e, unknown="internal error")
-        # A known failure that Ollama answers 500 too (a template's), as raised or as the responder
-        # passed it on: the message says it all. A trace is kept for what nobody expected.
-        if isinstance(e.__cause__ if isinstance(e, ApiError) else e, ServerError):
-            log.warning("%s %s: %s", request.method, request.path, err.message)
-        elif err.status == 500:
+        if err.status == 500:
             log.exception("unhandled error on %s %s", request.method, request.path)
         return error_for(request, err.status, err.message)
 
