@@ -68,7 +68,7 @@ def replay(path: Path) -> list[tuple[float, ...]]:
         alone = sum(cost._at(m, cells) for m, streams in layout if streams == 1)
         seconds = rec["d"]
         if alone > 0 and spanning > 0:
-            engine = cost._price(layout, True, cells)
+            engine = spanning * cost.shared + alone * cost.beside  # as CostModel prices a shared decode
             out.append((math.log(engine / seconds),
                         *(math.log((spanning + alone * share) * cost.shared / seconds) for share in shares)))
             seen = _bounded((seconds - spanning * cost.shared) / (alone * cost.shared))

@@ -105,34 +105,6 @@ class _Request(BaseModel):
             raise ApiError(400, e.errors()[0]["msg"]) from None
 
 
-class Message(_Request):
-    """api.Message; the role is lower-cased, as its UnmarshalJSON does."""
-
-    model_config = ConfigDict(title="Message")
-
-    role: Annotated[str, _go("string", _is_str, "messages.role")] = ""
-    content: Annotated[str, _go("string", _is_str, "messages.content")] = ""
-    thinking: Annotated[str, _go("string", _is_str, "messages.thinking")] = ""
-    images: Annotated[list[Any], _go("[]api.ImageData", _is_list, "messages.images")] = Field(default_factory=list)
-    tool_calls: Annotated[list[Any], _go("[]api.ToolCall", _is_list, "messages.tool_calls"),
-                          AfterValidator(lambda v: _tool_calls(v))] = Field(default_factory=list)
-    tool_name: Annotated[str, _go("string", _is_str, "messages.tool_name")] = ""
-    tool_call_id: Annotated[str, _go("string", _is_str, "messages.tool_call_id")] = ""
-
-    @field_validator("role")
-    @classmethod
-    def _lower(cls, v: str) -> str:
-        return v.lower()
-
-    def as_dict(self) -> dict[str, Any]:
-        """The message as the runtime's Prompt carries it: only the fields that are set."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
-        for key in ("thinking", "tool_calls", "tool_name", "tool_call_id"):
-            if value := getattr(self, key):
-                out[key] = value
-        return out
-
-
 # api.ToolCall and api.ToolCallFunction: each field's JSON check and Go type.
 _TOOL_CALL = {"id": (_is_str, "string"), "function": (lambda v: isinstance(v, dict), "api.ToolCallFunction")}
 _TOOL_FUNCTION = {"index": (_is_int, "int"), "name": (_is_str, "string"),
@@ -153,6 +125,34 @@ def _tool_calls(calls: list[Any]) -> list[Any]:
                 if obj.get(key) is not None and not ok(obj[key]):
                     raise unmarshal_error(obj[key], struct, f"{where}.{key}", go)
     return calls
+
+
+class Message(_Request):
+    """api.Message; the role is lower-cased, as its UnmarshalJSON does."""
+
+    model_config = ConfigDict(title="Message")
+
+    role: Annotated[str, _go("string", _is_str, "messages.role")] = ""
+    content: Annotated[str, _go("string", _is_str, "messages.content")] = ""
+    thinking: Annotated[str, _go("string", _is_str, "messages.thinking")] = ""
+    images: Annotated[list[Any], _go("[]api.ImageData", _is_list, "messages.images")] = Field(default_factory=list)
+    tool_calls: Annotated[list[Any], _go("[]api.ToolCall", _is_list, "messages.tool_calls"),
+                          AfterValidator(_tool_calls)] = Field(default_factory=list)
+    tool_name: Annotated[str, _go("string", _is_str, "messages.tool_name")] = ""
+    tool_call_id: Annotated[str, _go("string", _is_str, "messages.tool_call_id")] = ""
+
+    @field_validator("role")
+    @classmethod
+    def _lower(cls, v: str) -> str:
+        return v.lower()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The message as the runtime's Prompt carries it: only the fields that are set."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        for key in ("thinking", "tool_calls", "tool_name", "tool_call_id"):
+            if value := getattr(self, key):
+                out[key] = value
+        return out
 
 
 def _list_of(struct: str, field: str, go: str, element: str, ok: Callable[[Any], bool]) -> BeforeValidator:

@@ -177,6 +177,21 @@ class CostModel(Calibration):
     def batch(self, rows: Sequence[tuple[int, int]], cells: int = 0) -> float:
         """Seconds of one decode holding several sequences' rows, `rows` as (sequence id, rows), in
         the cheaper of its two layouts (`padded`), after `cells` (Step.cells)."""
+        return min(self._layouts(rows, cells))
+
+    def padded(self, rows: Sequence[tuple[int, int]], cells: int = 0) -> bool:
+        """Whether the decode is cheaper with every sequence's rows padded to the widest of its run
+        of consecutive ids, so each run is one pass (pad rows are copies of a sequence's pending
+        token, never read and rolled back: engine.sequence). Where rows cost little next to a pass
+        (a GPU) it is; on a CPU, where each row costs about as much as the pass's fixed part, a
+        lone draft is cheaper in a pass of its own."""
+        split, padded = self._layouts(rows, cells)
+        return padded < split
+
+    def _layouts(self, rows: Sequence[tuple[int, int]], cells: int) -> tuple[float, float]:
+        """Seconds of the decode split and padded. A pass over several streams costs `shared` times
+        what the curve (one stream's rows) says, and a pass of one stream beside others `beside`
+        times; where the decode holds one sequence's rows only, the curve's price."""
         layout = shapes(rows)
         basis = (self.t_step, self.depth)
         if basis != self._basis or len(self._priced) > PRICED_MAX:
@@ -192,23 +207,7 @@ class CostModel(Calibration):
             got = self._priced[key] = (*self._sums(split, cells), *self._sums(padded, cells))
         spans, ones, padded_spans, padded_ones = got
         alone = self.beside if several else 1.0
-        return min(spans * self.shared + ones * alone, padded_spans * self.shared + padded_ones * alone)
-
-    def padded(self, rows: Sequence[tuple[int, int]], cells: int = 0) -> bool:
-        """Whether the decode is cheaper with every sequence's rows padded to the widest of its run
-        of consecutive ids, so each run is one pass (pad rows are copies of a sequence's pending
-        token, never read and rolled back: engine.sequence). Where rows cost little next to a pass
-        (a GPU) it is; on a CPU, where each row costs about as much as the pass's fixed part, a
-        lone draft is cheaper in a pass of its own."""
-        split, padded, several, _ = shapes(rows)
-        return self._price(padded, several, cells) < self._price(split, several, cells)
-
-    def _price(self, layout: Sequence[tuple[int, int]], several: bool, cells: int) -> float:
-        """Seconds of a decode's passes, each (rows, KV streams it spans), `several`: the decode
-        holds several sequences' rows. A pass over several streams costs `shared` times what the
-        curve (one stream's rows) says, and a pass of one stream beside others `beside` times."""
-        spans, ones = self._sums(layout, cells)
-        return spans * self.shared + ones * (self.beside if several else 1.0)
+        return spans * self.shared + ones * alone, padded_spans * self.shared + padded_ones * alone
 
     def _sums(self, layout: Sequence[tuple[int, int]], cells: int) -> tuple[float, float]:
         """A decode's passes at the curve's price after `cells`: those that span several streams,
