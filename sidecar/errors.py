@@ -19,7 +19,10 @@ class Unavailable(RuntimeError):
 
 class ServerError(RuntimeError):
     """The daemon could not do what a valid request asked (a pair's template failing on it); str()
-    is the message, answered with Ollama's 500 and no prefix."""
+    is the message, answered with Ollama's 500 and no prefix. `traced`: the log keeps its
+    traceback; off where the message says all there is (a template that does not parse)."""
+
+    traced = True
 
 
 class BadGateway(RuntimeError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -115,6 +116,19 @@ class Daemon:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def traces(self) -> list[str]:
+        """The log's tracebacks: a JSON record's frames (logged with its exception), or a trace
+        printed as text (before logging was set up, or by a dying thread)."""
+        out = []
+        for ln in self.log().splitlines():
+            try:
+                rec = json.loads(ln)
+            except ValueError:
+                rec = None
+            if "exception" in rec if isinstance(rec, dict) else "Traceback" in ln:
+                out.append(ln)
+        return out
 
     def stop(self) -> int:
         if self.proc.poll() is None:

@@ -7,6 +7,7 @@ expectations follow Ollama's template/template.go (Execute, collate, deleteNode)
 from __future__ import annotations
 
 import datetime
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -368,6 +369,26 @@ def test_parse_error_names_line_and_column() -> None:
     err = info.value
     assert (err.line, err.column) == (3, 11)
     assert str(err) == 'template: chat: line 3, column 11: function "nofunc" not defined'
+
+
+def test_nesting_past_pythons_stack_is_a_template_error() -> None:
+    """Go nests parentheses up to 10,000 (parse.go, maxStackDepth) and controls without a cap; here
+    each level costs Python frames, so a deep template fails as Go's over-deep one does (a
+    TemplateError, the request's 500), not as a RecursionError."""
+    for source in ("{{ " + "(" * 2000 + ".A" + ")" * 2000 + " }}", "{{ if 1 }}" * 2000 + "{{ end }}" * 2000):
+        with pytest.raises(TemplateError, match=r"^template: max expression depth exceeded$"):
+            GoTemplate(source)
+    nested = GoTemplate("{{ " + "(" * 50 + ".A" + ")" * 50 + " }}")
+    assert nested.execute({"A": "x"}) == "x"
+
+    def deep(frames: int) -> str:  # the template runs on a stack that is nearly full
+        return deep(frames - 1) if frames else nested.execute({"A": "x"})
+
+    depth, frame = 0, sys._getframe()
+    while frame := frame.f_back:  # type: ignore[assignment]
+        depth += 1
+    with pytest.raises(TemplateError, match=r"^template: exceeded maximum template depth$"):
+        deep(sys.getrecursionlimit() - depth - 30)  # 50 levels of parentheses need more than 30
 
 
 def test_unexpected_eof_points_at_end() -> None:

@@ -9,7 +9,7 @@ from aiohttp import web
 from sidecar.api import admin, guard, lifecycle, ollama, openai, proxy
 from sidecar.api.pairs import RUNTIME, runtime_of
 from sidecar.api.respond import api_error, log_request, request_logged
-from sidecar.api.wire import error_for
+from sidecar.api.wire import ApiError, error_for
 from sidecar.config.schema import UpstreamKind
 from sidecar.observability import metrics
 from sidecar.runtime.manager import Runtime
@@ -90,7 +90,10 @@ async def errors(request: web.Request, handler):  # type: ignore[no-untyped-def]
         raise
     except Exception as e:
         err = api_error(e, unknown="internal error")
-        if err.status == 500:
+        # The responder passes a failure on as an ApiError raised from it.
+        if not getattr(e.__cause__ if isinstance(e, ApiError) else e, "traced", True):
+            log.warning("%s %s: %s", request.method, request.path, err.message)
+        elif err.status == 500:
             log.exception("unhandled error on %s %s", request.method, request.path)
         return error_for(request, err.status, err.message)
 

@@ -26,6 +26,13 @@ class PromptError(ServerError):
     request's own template does not parse and when a template fails while executing)."""
 
 
+class TemplateInvalid(PromptError):
+    """The template does not parse (a request's own, mostly): Ollama's 500 too, but nothing of the
+    daemon's failed, so the log gets the message without a traceback."""
+
+    traced = False
+
+
 class Unsupported(ClientError):
     """The pair lacks a capability the request needs."""
 
@@ -113,6 +120,9 @@ def prepare(entry: PairEntry, fmt: PairFormat, prompt: Prompt, model: Model, tru
     source = TemplateSource(prompt.template, True) if prompt.template else fmt.template
     try:
         template = chat_template(source, model.vocabulary())
+    except TemplateError as e:
+        raise TemplateInvalid(f"template error: {e}") from None
+    try:
         if prompt.suffix:
             assert isinstance(template, GoChatTemplate)  # admit() required the insert capability
             return _tokenized(template.render_fim(prompt.text, prompt.suffix, prompt.think), before, model)

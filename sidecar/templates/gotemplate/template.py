@@ -42,6 +42,10 @@ class GoTemplate:
             self._root = parse(source, DEFAULT_FUNCS)
         except ParseError as e:
             raise self._error(e.message, e.pos) from None
+        except RecursionError:
+            # Go refuses parentheses nested past 10,000 (parse.go, maxStackDepth); each level here
+            # is a few Python frames, so a few hundred reach Python's limit first. Go's words.
+            raise self._error("max expression depth exceeded", None) from None
 
     @property
     def source(self) -> str:
@@ -84,6 +88,8 @@ class GoTemplate:
             return execute(root, data, funcs, nil_text)
         except ExecError as e:
             raise self._error(e.message, e.pos) from None
+        except RecursionError:
+            raise self._error("exceeded maximum template depth", None) from None
 
     def _error(self, message: str, pos: int | None) -> TemplateError:
         prefix = f"{self._name}: " if self._name else ""
