@@ -154,6 +154,11 @@ def test_models(client: openai.OpenAI) -> None:
     ("/v1/chat/completions", {"model": PAIR, "messages": MSGS, "temperature": -1}, 400, "invalid_request_error",
      "temperature"),
     ("/v1/chat/completions", {"model": PAIR, "messages": MSGS, "stop": 5}, 400, "invalid_request_error", "stop"),
+    # Fields Ollama decodes into structs (openai/openai.go): anything but an object is refused.
+    ("/v1/chat/completions", {"model": PAIR, "messages": MSGS, "stream_options": "x"}, 400, "invalid_request_error",
+     "invalid stream_options: must be an object"),
+    ("/v1/chat/completions", {"model": PAIR, "messages": MSGS, "reasoning": "x"}, 400, "invalid_request_error",
+     "invalid reasoning: must be an object"),
     ("/v1/completions", {"model": PAIR, "prompt": ["a", "b"]}, 400, "invalid_request_error",
      "prompt must be a string"),
     # Ollama passes `logprobs` on as top_logprobs, so the same range holds (the whole vocabulary

@@ -48,6 +48,15 @@ def _integer(body: dict[str, Any], key: str) -> int | None:
     return int(v)
 
 
+def _object(body: dict[str, Any], key: str) -> dict[str, Any] | None:
+    """A field that Ollama decodes into a struct pointer (openai/openai.go): absent or null is nil,
+    and anything but an object is refused, as Go's decoder refuses it."""
+    v = body.get(key)
+    if v is not None and not isinstance(v, dict):
+        raise ApiError(400, f"invalid {key}: must be an object")
+    return v
+
+
 def _stop(body: dict[str, Any]) -> list[str] | None:
     v = body.get("stop")
     if v is None:
@@ -64,8 +73,8 @@ def _stream(body: dict[str, Any]) -> tuple[bool, bool]:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise ApiError(400, "invalid stream: must be a boolean")
-    so = body.get("stream_options")
-    include_usage = stream and isinstance(so, dict) and so.get("include_usage") is True
+    so = _object(body, "stream_options")
+    include_usage = stream and so is not None and so.get("include_usage") is True
     return stream, include_usage
 
 
@@ -146,8 +155,8 @@ def sampling(body: dict[str, Any], *, completion: bool) -> dict[str, Any]:
 
 def _think(body: dict[str, Any]) -> bool | str | None:
     """`reasoning.effort` or `reasoning_effort` as Ollama's `think` (openai/openai.go thinkFromReasoningEffort)."""
-    reasoning = body.get("reasoning")
-    effort = reasoning.get("effort") if isinstance(reasoning, dict) else body.get("reasoning_effort")
+    reasoning = _object(body, "reasoning")
+    effort = reasoning.get("effort") if reasoning is not None else body.get("reasoning_effort")
     if effort in (None, ""):
         return None
     mapping: dict[str, bool | str] = {"none": False, "minimal": "low", "low": "low", "medium": "medium",
