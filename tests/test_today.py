@@ -205,6 +205,25 @@ def test_a_queued_request_whose_client_went_never_runs(daemon: Daemon) -> None:
     assert 'sidecar_client_disconnects_total{endpoint="/api/generate",model="endless:test"}' in metrics
 
 
+def test_a_stop_while_a_request_runs_unloads_once_it_is_done(daemon: Daemon) -> None:
+    """`ollama stop` (keep_alive 0, no prompt) while a request streams: Ollama keeps the model
+    loaded, and in /api/ps with its expiry now, until its requests end (server/sched.go,
+    expireRunner), and the running request does not push the expiry out again."""
+    client = ollama.Client(host=daemon.url)
+    body = {"model": "endless:test", "prompt": "go on", "keep_alive": -1, "options": {"num_predict": 1_000_000}}
+    with httpx.stream("POST", daemon.url + "/api/generate", json=body, timeout=T) as running:
+        lines = running.iter_lines()  # kept: a dropped iterator closes the response
+        assert json.loads(next(lines))["done"] is False
+        assert client.generate(model="endless:test", prompt="", keep_alive=0).done_reason == "unload"
+        listed = {m.model: m for m in client.ps().models}
+        assert "endless:test" in listed and listed["endless:test"].expires_at is not None
+        assert listed["endless:test"].expires_at.timestamp() <= time.time() + 1
+    deadline = time.monotonic() + 30  # the client left: its request stops within a step, then the model goes
+    while "endless:test" in [m.model for m in client.ps().models]:
+        assert time.monotonic() < deadline, "the stopped model stayed loaded after its request"
+        time.sleep(0.1)
+
+
 def test_errors_and_unloads_are_counted_under_the_pairs_name(daemon: Daemon) -> None:
     post(daemon, "/api/generate", model="endless:test", prompt="x", options={"top_k": "many"})
     post(daemon, "/api/generate", model="endless:test", keep_alive=0)

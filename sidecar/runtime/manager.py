@@ -7,8 +7,8 @@ applied. Requests for a target queue in one FIFO and up to N of them generate at
 batch (OLLAMA_NUM_PARALLEL, or the pair's runtime.num_parallel; the daemon's default is 2: the
 conversation and a side request beside it; the engine does the batching). keep_alive works as in
 Ollama: each request pushes the model's expiry out, `keep_alive: 0` unloads right after the
-request, negative keeps it forever. A reload (`apply`) swaps the set of pairs without disturbing
-the ones that did not change.
+request (or, with no prompt, once the requests running on it are done), negative keeps it
+forever. A reload (`apply`) swaps the set of pairs without disturbing the ones that did not change.
 """
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ class Served:
     expires_at: float | None = None  # time.time() deadline; None = never
     in_flight: int = 0
     timer: asyncio.TimerHandle | None = None
+    # Told to unload (`keep_alive: 0` with no prompt) while requests ran on it: it stays loaded
+    # (and in /api/ps) until they end, which then do not push its expiry out (server/sched.go,
+    # expireRunner). A request that starts after the stop revives it, as in Ollama.
+    stopped: bool = False
 
     def status(self) -> ModelStatus:
         return replace(self.model.status(), in_flight=self.in_flight, expires_at=self.expires_at)
@@ -165,11 +169,6 @@ class Runtime:
         if served.timer:
             served.timer.cancel()
         self.engine.unload(served.model)
-
-    async def unload(self, entry: PairEntry) -> None:
-        served = self._loaded.get(self._key(entry))
-        if served is not None:
-            self._unload(served)
 
     async def unload_all(self) -> None:
         """Stop: free every model (after its queued work) and write what must outlive the process."""
@@ -300,7 +299,12 @@ class Runtime:
     async def _load_only(self, entry: PairEntry, job: Job, opts: Effective) -> Outcome:
         """A job with an empty prompt: load the model (keeping it for keep_alive), or unload it."""
         if job.keep_alive == 0:
-            await self.unload(entry)
+            served = self._loaded.get(self._key(entry))
+            if served is not None and served.in_flight:
+                served.stopped = True
+                self.touch(served, 0)  # unloads once its requests are done (_expire)
+            elif served is not None:
+                self._unload(served)
             return Outcome(done_reason="unload")
         served, seconds = await self._load(entry, opts.num_ctx)
         self.touch(served, job.keep_alive)
@@ -324,6 +328,7 @@ class Runtime:
         try:
             served, load_seconds = await self._load(entry, opts.num_ctx)
             served.in_flight += 1
+            served.stopped = False
             try:
                 async for item in generation.run(self.engine, served.model, entry, fmt, job, opts, grammar,
                                                  load_seconds, self.halt, stop):
@@ -331,6 +336,6 @@ class Runtime:
             finally:
                 served.in_flight -= 1
                 if self._loaded.get(served.key) is served:
-                    self.touch(served, job.keep_alive)
+                    self.touch(served, 0 if served.stopped else job.keep_alive)
         finally:
             self._pending -= 1
