@@ -224,6 +224,23 @@ def test_a_stop_while_a_request_runs_unloads_once_it_is_done(daemon: Daemon) -> 
         time.sleep(0.1)
 
 
+def test_keep_alive_stays_until_a_request_names_another(daemon: Daemon) -> None:
+    """The model keeps the last keep_alive a request named (the runner's sessionDuration,
+    server/sched.go useLoadedRunner): a request that names none does not bring the default back."""
+    client = ollama.Client(host=daemon.url)
+
+    def expires(**keep_alive: object) -> float:
+        client.generate(model="endless:test", prompt="x", options={"num_predict": 2}, **keep_alive)  # type: ignore[arg-type]
+        listed = {m.model: m for m in client.ps().models}
+        return listed["endless:test"].expires_at.timestamp() - time.time()  # type: ignore[union-attr]
+
+    assert expires(keep_alive=-1) > 1e9  # forever: year 2318
+    assert expires() > 1e9
+    assert 50 < expires(keep_alive="1m") <= 60
+    assert 50 < expires() <= 60
+    assert client.generate(model="endless:test", prompt="", keep_alive=0).done_reason == "unload"
+
+
 def test_errors_and_unloads_are_counted_under_the_pairs_name(daemon: Daemon) -> None:
     post(daemon, "/api/generate", model="endless:test", prompt="x", options={"top_k": "many"})
     post(daemon, "/api/generate", model="endless:test", keep_alive=0)

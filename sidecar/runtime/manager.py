@@ -46,10 +46,11 @@ class Served:
     expires_at: float | None = None  # time.time() deadline; None = never
     in_flight: int = 0
     timer: asyncio.TimerHandle | None = None
-    # Told to unload (`keep_alive: 0` with no prompt) while requests ran on it: it stays loaded
-    # (and in /api/ps) until they end, which then do not push its expiry out (server/sched.go,
-    # expireRunner). A request that starts after the stop revives it, as in Ollama.
-    stopped: bool = False
+    # What its expiry is pushed out by when a request ends, in seconds (negative: never): Ollama's
+    # sessionDuration (server/sched.go). The daemon's default at load; then each request that
+    # names a keep_alive sets it as it starts (useLoadedRunner), and one that names none leaves it.
+    # `keep_alive: 0` with no prompt sets 0 (expireRunner): unloaded once its requests are done.
+    keep_alive: float = 0.0
 
     def status(self) -> ModelStatus:
         return replace(self.model.status(), in_flight=self.in_flight, expires_at=self.expires_at)
@@ -141,7 +142,8 @@ class Runtime:
             try:
                 if served is None:
                     loaded = True
-                    served = Served(key, await self.engine.load(entry, n_ctx, self.parallel(entry)))
+                    served = Served(key, await self.engine.load(entry, n_ctx, self.parallel(entry)),
+                                    keep_alive=self.keep_alive)
                     self._loaded[key] = served
                 if not self._has_engine(served.model, entry):
                     loaded = True
@@ -177,9 +179,16 @@ class Runtime:
             await self.engine.join(served.model, 30)
         await self.engine.close()
 
-    def touch(self, served: Served, keep_alive: float | None) -> None:
-        """Push the model's expiry out by keep_alive seconds (negative: never; 0: now)."""
-        ka = self.keep_alive if keep_alive is None else keep_alive
+    @staticmethod
+    def _session(served: Served, job: Job) -> None:
+        """A request that names a keep_alive sets what the model's expiry is pushed out by when
+        requests end; one that names none leaves it (Ollama's useLoadedRunner, server/sched.go)."""
+        if job.keep_alive is not None:
+            served.keep_alive = job.keep_alive
+
+    def touch(self, served: Served) -> None:
+        """Push the model's expiry out by its keep_alive (negative: never; 0: now)."""
+        ka = served.keep_alive
         if served.timer:
             served.timer.cancel()
             served.timer = None
@@ -301,13 +310,14 @@ class Runtime:
         if job.keep_alive == 0:
             served = self._loaded.get(self._key(entry))
             if served is not None and served.in_flight:
-                served.stopped = True
-                self.touch(served, 0)  # unloads once its requests are done (_expire)
+                served.keep_alive = 0
+                self.touch(served)  # unloads once its requests are done (_expire)
             elif served is not None:
                 self._unload(served)
             return Outcome(done_reason="unload")
         served, seconds = await self._load(entry, opts.num_ctx)
-        self.touch(served, job.keep_alive)
+        self._session(served, job)
+        self.touch(served)
         return Outcome(done_reason="load", load_seconds=seconds)
 
     async def generate(self, entry: PairEntry, job: Job, stop: Callable[[], bool] | None = None
@@ -328,7 +338,7 @@ class Runtime:
         try:
             served, load_seconds = await self._load(entry, opts.num_ctx)
             served.in_flight += 1
-            served.stopped = False
+            self._session(served, job)
             try:
                 async for item in generation.run(self.engine, served.model, entry, fmt, job, opts, grammar,
                                                  load_seconds, self.halt, stop):
@@ -336,6 +346,6 @@ class Runtime:
             finally:
                 served.in_flight -= 1
                 if self._loaded.get(served.key) is served:
-                    self.touch(served, 0 if served.stopped else job.keep_alive)
+                    self.touch(served)
         finally:
             self._pending -= 1
