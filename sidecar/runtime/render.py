@@ -121,7 +121,7 @@ def prepare(entry: PairEntry, fmt: PairFormat, prompt: Prompt, model: Model, tru
     try:
         template = chat_template(source, model.vocabulary())
     except TemplateError as e:
-        raise TemplateInvalid(f"template error: {e}") from None
+        raise TemplateInvalid(e.go) from None
     try:
         if prompt.suffix:
             assert isinstance(template, GoChatTemplate)  # admit() required the insert capability
@@ -135,7 +135,7 @@ def prepare(entry: PairEntry, fmt: PairFormat, prompt: Prompt, model: Model, tru
             return _tokenized(render(msgs), before, model)
         return _fit(msgs, render, lambda text: _tokenized(text, before, model), model.n_ctx)
     except TemplateError as e:
-        raise PromptError(f"template error: {e}") from None
+        raise PromptError(e.go) from None
 
 
 def _tokenized(text: str, before: list[int] | None, model: Model) -> Rendered:

@@ -38,12 +38,14 @@ from sidecar.templates.gotemplate.values import Struct, go_type_name, sorted_ite
 
 
 class ExecError(Exception):
-    """An execution error at ``pos`` (None: no single position); Go's template.ExecError."""
+    """An execution error at ``pos`` (None: no single position); Go's template.ExecError.
+    ``context`` is the node Go's message names (``at <...>``), where there is one."""
 
-    def __init__(self, message: str, pos: int | None) -> None:
+    def __init__(self, message: str, pos: int | None, context: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.pos = pos
+        self.context = context
 
 
 def execute(root: ListNode, data: Any, funcs: Mapping[str, Func], nil_text: str) -> str:
@@ -83,8 +85,7 @@ class _Exec:
 
     def fail(self, message: str) -> NoReturn:
         pos = getattr(self.at, "pos", None)
-        where = f"at <{self.at}>: " if isinstance(self.at, ArgNode | CommandNode) else ""
-        raise ExecError(f"executing {where}{message}", pos)
+        raise ExecError(message, pos, str(self.at) if isinstance(self.at, ArgNode | CommandNode) else None)
 
     # -- variables ------------------------------------------------------------------------------
 
@@ -203,7 +204,7 @@ class _Exec:
         if isinstance(first, ChainNode):
             return self.eval_chain(dot, first, cmd.args, final)
         if isinstance(first, IdentifierNode):
-            return self.eval_function(dot, first, cmd.args[1:], final)
+            return self.eval_function(dot, first, cmd, cmd.args[1:], final)
         if isinstance(first, VariableNode):
             return self.eval_variable(dot, first, cmd.args, final)
         self.at = first
@@ -271,7 +272,10 @@ class _Exec:
             return receiver.get(name)
         self.fail(f"can't evaluate field {name} in type {go_type_name(receiver)}")
 
-    def eval_function(self, dot: Any, ident: IdentifierNode, arg_nodes: Sequence[ArgNode], final: Any) -> Any:
+    def eval_function(self, dot: Any, ident: IdentifierNode, cmd: CommandNode | IdentifierNode,
+                      arg_nodes: Sequence[ArgNode], final: Any) -> Any:
+        """Go's evalFunction; `cmd` is the command that calls it (the identifier itself where it
+        stands as an argument), which a failing call is reported at (evalCall)."""
         self.at = ident
         name = ident.name
         fn = self.funcs.get(name)
@@ -300,6 +304,7 @@ class _Exec:
         except ArgError as e:
             self.fail(str(e))
         except FuncError as e:
+            self.at = cmd
             self.fail(f"error calling {name}: {e}")
 
     def eval_arg(self, dot: Any, node: ArgNode, nil_type: str | None) -> Any:
@@ -317,7 +322,7 @@ class _Exec:
         if isinstance(node, PipeNode):
             return self.eval_pipeline(dot, node)
         if isinstance(node, IdentifierNode):
-            return self.eval_function(dot, node, (), _MISSING)
+            return self.eval_function(dot, node, node, (), _MISSING)
         if isinstance(node, ChainNode):
             return self.eval_chain(dot, node, None, _MISSING)
         if isinstance(node, BoolNode):

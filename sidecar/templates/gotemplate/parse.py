@@ -288,16 +288,19 @@ class _Parser:
         node = self.term()
         if node is None or self.peek().typ is not TokenType.FIELD:
             return node
+        # Go places the whole chain at its first added field (parse.go, operand: newChain at the
+        # peeked token), which execution errors then name: `.Prompt.Nope` fails at `.Nope`.
+        at = self.peek().pos
         fields: list[str] = []
         while self.peek().typ is TokenType.FIELD:
             fields.append(self.next().val[1:])
         if isinstance(node, FieldNode):
-            return FieldNode(node.pos, node.idents + tuple(fields))
+            return FieldNode(at, node.idents + tuple(fields))
         if isinstance(node, VariableNode):
-            return VariableNode(node.pos, node.idents + tuple(fields))
+            return VariableNode(at, node.idents + tuple(fields))
         if isinstance(node, BoolNode | StringNode | NumberNode | NilNode | DotNode):
             self.fail(f"unexpected . after term {go_quote(str(node))}", node.pos)
-        return ChainNode(node.pos, node, tuple(fields))
+        return ChainNode(at, node, tuple(fields))
 
     def term(self) -> ArgNode | None:
         tok = self.next_non_space()

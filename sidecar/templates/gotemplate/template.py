@@ -21,10 +21,14 @@ class TemplateError(ValueError):
     have no single source position.
     """
 
-    def __init__(self, message: str, *, line: int | None = None, column: int | None = None) -> None:
+    def __init__(self, message: str, *, line: int | None = None, column: int | None = None,
+                 go: str | None = None) -> None:
         super().__init__(message)
         self.line = line
         self.column = column
+        # The error as Go's text/template words it (what Ollama answers); the message above
+        # names the column in characters, for a Modelfile TEMPLATE to be fixed without guesswork.
+        self.go = message if go is None else go
 
 
 class GoTemplate:
@@ -41,11 +45,11 @@ class GoTemplate:
         try:
             self._root = parse(source, DEFAULT_FUNCS)
         except ParseError as e:
-            raise self._error(e.message, e.pos) from None
+            raise self._parse_error(e.message, e.pos) from None
         except RecursionError:
             # Go refuses parentheses nested past 10,000 (parse.go, maxStackDepth); each level here
             # is a few Python frames, so a few hundred reach Python's limit first. Go's words.
-            raise self._error("max expression depth exceeded", None) from None
+            raise self._parse_error("max expression depth exceeded", None) from None
 
     @property
     def source(self) -> str:
@@ -87,19 +91,40 @@ class GoTemplate:
         try:
             return execute(root, data, funcs, nil_text)
         except ExecError as e:
-            raise self._error(e.message, e.pos) from None
+            raise self._exec_error(e.message, e.pos, e.context) from None
         except RecursionError:
-            raise self._error("exceeded maximum template depth", None) from None
+            raise self._exec_error("exceeded maximum template depth", None, None) from None
 
-    def _error(self, message: str, pos: int | None) -> TemplateError:
+    def _place(self, pos: int) -> tuple[int, int]:
+        """Line and column (1-based, characters) of a source position."""
+        line = bisect.bisect_right(self._line_starts, pos)
+        return line, pos - self._line_starts[line - 1] + 1
+
+    def _parse_error(self, message: str, pos: int | None) -> TemplateError:
+        """Go: `template: NAME:LINE: message` (parse.go, Tree.errorf)."""
         prefix = f"{self._name}: " if self._name else ""
         if pos is None:
-            return TemplateError(f"template: {prefix}{message}")
-        line = bisect.bisect_right(self._line_starts, pos)
-        column = pos - self._line_starts[line - 1] + 1
-        return TemplateError(
-            f"template: {prefix}line {line}, column {column}: {message}", line=line, column=column
-        )
+            line = self._source.count("\n") + 1  # Go's lexer has read it all by then
+            return TemplateError(f"template: {prefix}{message}", go=f"template: {self._name}:{line}: {message}")
+        line, column = self._place(pos)
+        return TemplateError(f"template: {prefix}line {line}, column {column}: {message}", line=line,
+                             column=column, go=f"template: {self._name}:{line}: {message}")
+
+    def _exec_error(self, message: str, pos: int | None, context: str | None) -> TemplateError:
+        """Go: `template: NAME:LINE:BYTE: executing "NAME" at <NODE>: message`, the node cut at
+        20 bytes (exec.go, state.errorf; parse.go, ErrorContext), or `template: NAME: message`."""
+        where = f"at <{context}>: " if context is not None else ""
+        prefix = f"{self._name}: " if self._name else ""
+        if pos is None:
+            return TemplateError(f"template: {prefix}{message}", go=f"template: {self._name}: {message}")
+        line, column = self._place(pos)
+        byte = len(self._source[self._line_starts[line - 1]:pos].encode())
+        node = context or ""
+        if len(node.encode()) > 20:
+            node = node[:20] + "..."
+        go = f'template: {self._name}:{line}:{byte}: executing "{self._name}" at <{node}>: {message}'
+        return TemplateError(f"template: {prefix}line {line}, column {column}: executing {where}{message}",
+                             line=line, column=column, go=go)
 
     def __repr__(self) -> str:
         return f"GoTemplate(name={self._name!r}, source={self._source[:40]!r}...)"
