@@ -109,6 +109,10 @@ class _Request(BaseModel):
 _TOOL_CALL = {"id": (_is_str, "string"), "function": (lambda v: isinstance(v, dict), "api.ToolCallFunction")}
 _TOOL_FUNCTION = {"index": (_is_int, "int"), "name": (_is_str, "string"),
                   "arguments": (lambda v: isinstance(v, dict), "api.ToolCallFunctionArguments")}
+# api.ToolCallFunctionArguments decodes through an ordered map (internal/orderedmap over
+# wk8/go-ordered-map, whose UnmarshalJSON is buger/jsonparser's ObjectEach): anything but an object
+# fails with jsonparser's MalformedObjectError, not a json.UnmarshalTypeError.
+_NOT_AN_OBJECT = "Value looks like object, but can't find closing '}' symbol"
 
 
 def _tool_calls(calls: list[Any]) -> list[Any]:
@@ -123,6 +127,8 @@ def _tool_calls(calls: list[Any]) -> list[Any]:
                                             f"{path}.function")):
             for key, (ok, go) in fields.items():
                 if obj.get(key) is not None and not ok(obj[key]):
+                    if key == "arguments":
+                        raise ApiError(400, _NOT_AN_OBJECT)
                     raise unmarshal_error(obj[key], struct, f"{where}.{key}", go)
     return calls
 
