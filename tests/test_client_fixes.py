@@ -188,7 +188,7 @@ def test_capability_refusals_in_ollamas_words(daemon: Daemon) -> None:
 def test_a_template_that_fails_while_executing_is_a_500(daemon: Daemon) -> None:
     r = httpx.post(daemon.url + "/api/generate", timeout=T, json={
         "model": "tiny:test", "prompt": "x", "template": "{{ .Prompt.Nope }}", "stream": False})
-    assert r.status_code == 500 and r.json() == {  # Go's words, placed where Go places the chain
-        "error": 'template: :1:10: executing "" at <.Prompt.Nope>: can\'t evaluate field Nope in type string'}
+    assert r.status_code == 500 and r.json() == {  # Go's words: the chain placed at .Nope, the type a map's
+        "error": 'template: :1:10: executing "" at <.Prompt.Nope>: can\'t evaluate field Nope in type interface {}'}
     assert httpx.post(daemon.url + "/api/generate", timeout=T, json={
         "model": "tiny:test", "prompt": "x", "stream": False}).status_code == 200  # it serves on

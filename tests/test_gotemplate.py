@@ -380,15 +380,16 @@ def test_nesting_past_pythons_stack_is_a_template_error() -> None:
             GoTemplate(source)
     nested = GoTemplate("{{ " + "(" * 50 + ".A" + ")" * 50 + " }}")
     assert nested.execute({"A": "x"}) == "x"
-
-    def deep(frames: int) -> str:  # the template runs on a stack that is nearly full
-        return deep(frames - 1) if frames else nested.execute({"A": "x"})
-
     depth, frame = 0, sys._getframe()
     while frame := frame.f_back:  # type: ignore[assignment]
         depth += 1
-    with pytest.raises(TemplateError, match=r"^template: exceeded maximum template depth$"):
-        deep(sys.getrecursionlimit() - depth - 30)  # 50 levels of parentheses need more than 30
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(depth + 40)  # the template runs on a stack that is nearly full
+    try:
+        with pytest.raises(TemplateError, match=r"^template: exceeded maximum template depth$"):
+            nested.execute({"A": "x"})  # 50 levels of parentheses need more than 40 frames
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def test_unexpected_eof_points_at_end() -> None:
@@ -396,6 +397,30 @@ def test_unexpected_eof_points_at_end() -> None:
         GoTemplate("{{ range .L }}\nbody\n")
     assert info.value.line == 3
     assert "unexpected EOF" in str(info.value)
+
+
+GO_WORDS = [  # what Ollama answers (err.Error() of Go's text/template), ParseName ""
+    ("{{ .Prompt ", "template: :1: unclosed action"),
+    ("a\n{{ if }}", "template: :2: missing value for if"),
+    ("{{ .A\n", "template: :2: unclosed action started at :1"),  # Tree.unexpected: where it began
+    ("{{ .A\n 'x }}", "template: :2: unterminated character constant in action started at :1"),
+    ("{{ index .L 3 }}", 'template: :1:3: executing "" at <index .L 3>: error calling index: index out of range: 3'),
+    ("x\n  {{ not }}", 'template: :2:5: executing "" at <not>: wrong number of args for not: want 1 got 0'),
+    ("{{ .S.Nope }}", 'template: :1:5: executing "" at <.S.Nope>: can\'t evaluate field Nope in type interface {}'),
+    ("é{{ .M.c.d.e.f.g.h.i.j.k }}", 'template: :1:7: executing "" at <.M.c.d.e.f.g.h.i.j.k>: '
+                                    "can't evaluate field e in type interface {}"),
+]
+
+
+@pytest.mark.parametrize(("source", "go"), GO_WORDS, ids=[go for _, go in GO_WORDS])
+def test_errors_in_gos_words(source: str, go: str) -> None:
+    """TemplateError.go is Go's own text: the line for a parse error (parse.go, Tree.errorf), and
+    where a multi-line action began (Tree.unexpected); the line, the byte in it and the whole node
+    for an execution error (exec.go, state.errorf; ErrorContext). A chain is placed at its first
+    added field (operand's newChain)."""
+    with pytest.raises(TemplateError) as info:
+        GoTemplate(source).execute(DATA)
+    assert info.value.go == go
 
 
 EXEC_ERRORS = [
@@ -408,7 +433,8 @@ EXEC_ERRORS = [
     ("{{ lt true false }}", "invalid type for comparison"),
     ("{{ eq .L .L }}", "non-comparable type"),
     ("{{ eq .A }}", "missing argument for comparison"),
-    ("{{ .A.Foo }}", "can't evaluate field Foo in type int"),
+    ("{{ .A.Foo }}", "can't evaluate field Foo in type interface {}"),  # looked up in a map[string]any
+    ("{{ $a := .A }}{{ $a.Foo }}", "can't evaluate field Foo in type int"),  # a variable holds the value
     ('{{ "x" | .A }}', "A is not a method but has arguments"),
     ("{{ .A 1 }}", "A is not a method but has arguments"),
     ("{{ $x := 1 }}{{ $x 1 }}", "can't give argument to non-function $x"),

@@ -294,6 +294,7 @@ def _tool_property(p: Mapping[str, Any]) -> Struct:
             {k: _tool_property(v) for k, v in props.items()},
             sort_keys=False,
             type_name="*api.ToolPropertiesMap",
+            elem=None,
         ),
         "Required": _string_slice(p.get("required")),
     }
@@ -324,6 +325,7 @@ def _template_tools(tools: Sequence[Mapping[str, Any]] | None) -> GoSlice:
                     None if props is None else {k: _tool_property(v) for k, v in props.items()},
                     stringer=True,
                     type_name="template.templateProperties",
+                    elem=None,
                 ),
             },
             _TOOL_PARAMETERS_LAYOUT,

@@ -34,7 +34,7 @@ from sidecar.templates.gotemplate.nodes import (
     VariableNode,
 )
 from sidecar.templates.gotemplate.strconv import go_quote
-from sidecar.templates.gotemplate.values import Struct, go_type_name, sorted_items, truth
+from sidecar.templates.gotemplate.values import Struct, go_type_name, sorted_items, static_type, truth
 
 
 class ExecError(Exception):
@@ -248,13 +248,19 @@ class _Exec:
         args: Sequence[ArgNode] | None,
         final: Any,
     ) -> Any:
+        # Go names a receiver's static type in its errors: the first is the value itself (data,
+        # a variable, a pipeline: concrete), the ones after it what they were looked up in.
+        static = None
         for name in idents[:-1]:
-            receiver = self.eval_field(name, node, None, _MISSING, receiver)
-        return self.eval_field(idents[-1], node, args, final, receiver)
+            receiver, static = self.eval_field(name, node, None, _MISSING, receiver, static), static_type(receiver)
+        return self.eval_field(idents[-1], node, args, final, receiver, static)
 
     def eval_field(
-        self, name: str, node: ArgNode, args: Sequence[ArgNode] | None, final: Any, receiver: Any
+        self, name: str, node: ArgNode, args: Sequence[ArgNode] | None, final: Any, receiver: Any,
+        static: str | None = None,
     ) -> Any:
+        """Go's evalField; `static`: the receiver's type as Go's errors name it (exec.go takes
+        receiver.Type() before indirect), where that is not the value's own type."""
         self.at = node
         if receiver is None:
             # A missing/nil value has no fields; like a zero struct, yield an empty value.
@@ -262,7 +268,7 @@ class _Exec:
         has_args = (args is not None and len(args) > 1) or final is not _MISSING
         if isinstance(receiver, Struct):
             if name not in receiver.fields:
-                self.fail(f"can't evaluate field {name} in type {receiver.type_name}")
+                self.fail(f"can't evaluate field {name} in type {static or receiver.type_name}")
             if has_args:
                 self.fail(f"{name} has arguments but cannot be invoked as function")
             return receiver.fields[name]
@@ -270,7 +276,7 @@ class _Exec:
             if has_args:
                 self.fail(f"{name} is not a method but has arguments")
             return receiver.get(name)
-        self.fail(f"can't evaluate field {name} in type {go_type_name(receiver)}")
+        self.fail(f"can't evaluate field {name} in type {static or go_type_name(receiver)}")
 
     def eval_function(self, dot: Any, ident: IdentifierNode, cmd: CommandNode | IdentifierNode,
                       arg_nodes: Sequence[ArgNode], final: Any) -> Any:

@@ -41,7 +41,7 @@ def parse(source: str, funcs: Iterable[str]) -> ListNode:
 
     Raises :class:`ParseError` at the first error, as Go does.
     """
-    return _Parser(lex(source), funcs).parse()
+    return _Parser(lex(source), funcs, source).parse()
 
 
 class ParseError(Exception):
@@ -90,13 +90,15 @@ class _Else:  # {{else}}: closes a list, never part of the tree
 class _Parser:
     """parse.go's recursive descent over the token list, with its checks and error messages."""
 
-    def __init__(self, tokens: list[Token], funcs: Iterable[str]) -> None:
+    def __init__(self, tokens: list[Token], funcs: Iterable[str], source: str) -> None:
         self.tokens = tokens
         self.i = 0
         self.funcs = frozenset(funcs)
         self.vars: list[str] = ["$"]
         self.range_depth = 0
         self.last_pos = 0
+        self.source = source
+        self.action_line = 0  # the line of the {{ that began the action being parsed (Tree.actionLine)
 
     # -- token stream ------------------------------------------------------------------------
 
@@ -108,8 +110,17 @@ class _Parser:
         self.i += 1
         self.last_pos = tok.pos
         if tok.typ is TokenType.ERROR:
-            self.fail(tok.val, tok.pos)
+            # A lexer error in an action begun on an earlier line says where it began (Tree.unexpected).
+            line, extra = self.line(tok.pos), ""
+            if self.action_line and self.action_line != line:
+                extra = f" in action started at :{self.action_line}"
+                if tok.val.endswith(" action"):
+                    extra = extra.removeprefix(" in action")  # not "action in action"
+            self.fail(tok.val + extra, tok.pos)
         return tok
+
+    def line(self, pos: int) -> int:
+        return self.source.count("\n", 0, pos) + 1
 
     def backup(self) -> None:
         self.i -= 1
@@ -155,7 +166,11 @@ class _Parser:
         if tok.typ is TokenType.TEXT:
             return TextNode(tok.pos, tok.val)
         if tok.typ is TokenType.LEFT:
-            return self.action()
+            self.action_line = self.line(tok.pos)
+            try:
+                return self.action()
+            finally:
+                self.action_line = 0  # as Go clears it once the action is parsed
         self.unexpected(tok, "input")
 
     def item_list(self) -> tuple[ListNode, _End | _Else]:

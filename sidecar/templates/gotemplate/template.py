@@ -104,25 +104,23 @@ class GoTemplate:
         """Go: `template: NAME:LINE: message` (parse.go, Tree.errorf)."""
         prefix = f"{self._name}: " if self._name else ""
         if pos is None:
-            line = self._source.count("\n") + 1  # Go's lexer has read it all by then
+            line = self._source.count("\n") + 1  # no single place: the last line
             return TemplateError(f"template: {prefix}{message}", go=f"template: {self._name}:{line}: {message}")
         line, column = self._place(pos)
         return TemplateError(f"template: {prefix}line {line}, column {column}: {message}", line=line,
                              column=column, go=f"template: {self._name}:{line}: {message}")
 
     def _exec_error(self, message: str, pos: int | None, context: str | None) -> TemplateError:
-        """Go: `template: NAME:LINE:BYTE: executing "NAME" at <NODE>: message`, the node cut at
-        20 bytes (exec.go, state.errorf; parse.go, ErrorContext), or `template: NAME: message`."""
+        """Go: `template: NAME:LINE:BYTE: executing "NAME" at <NODE>: message`, the whole node (exec.go,
+        state.errorf; parse.go, ErrorContext, which no longer cuts it at 20 bytes), or
+        `template: NAME: message`."""
         where = f"at <{context}>: " if context is not None else ""
         prefix = f"{self._name}: " if self._name else ""
         if pos is None:
             return TemplateError(f"template: {prefix}{message}", go=f"template: {self._name}: {message}")
         line, column = self._place(pos)
         byte = len(self._source[self._line_starts[line - 1]:pos].encode())
-        node = context or ""
-        if len(node.encode()) > 20:
-            node = node[:20] + "..."
-        go = f'template: {self._name}:{line}:{byte}: executing "{self._name}" at <{node}>: {message}'
+        go = f'template: {self._name}:{line}:{byte}: executing "{self._name}" at <{context or ""}>: {message}'
         return TemplateError(f"template: {prefix}line {line}, column {column}: executing {where}{message}",
                              line=line, column=column, go=go)
 

@@ -61,9 +61,12 @@ class GoSlice(list[Any]):
 
 
 class GoMap(dict[str, Any]):
-    """A Go map (JSON keys sorted, like encoding/json) or an ordered map (``sort_keys=False``)."""
+    """A Go map (JSON keys sorted, like encoding/json) or an ordered map (``sort_keys=False``).
 
-    __slots__ = ("is_nil", "sort_keys", "stringer", "type_name")
+    ``elem`` is the static type of a value looked up in it, which Go's field errors name
+    (``interface {}`` for ``map[string]any``); None where the element type is the value's own."""
+
+    __slots__ = ("elem", "is_nil", "sort_keys", "stringer", "type_name")
 
     def __init__(
         self,
@@ -72,12 +75,23 @@ class GoMap(dict[str, Any]):
         sort_keys: bool = True,
         stringer: bool = False,
         type_name: str = "map[string]interface {}",
+        elem: str | None = "interface {}",
     ) -> None:
         super().__init__(items or {})
         self.is_nil = items is None
         self.sort_keys = sort_keys
         self.stringer = stringer
         self.type_name = type_name
+        self.elem = elem
+
+
+def static_type(container: Any) -> str | None:
+    """The static type of a field looked up in `container`, where Go's errors name that type and
+    not the value's: a map's element type (a plain mapping is ``map[string]any``); None for a
+    struct's fields, which are typed here by their values."""
+    if isinstance(container, GoMap):
+        return container.elem
+    return "interface {}" if isinstance(container, Mapping) else None
 
 
 class NamedValue:
