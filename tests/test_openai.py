@@ -175,3 +175,11 @@ def test_errors_use_openais_envelope(v1: Daemon, path: str, body: dict, status: 
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"}
     assert err["type"] == kind and message in err["message"]
+
+
+def test_completions_have_no_reasoning_field(v1: Daemon) -> None:
+    """Ollama's CompletionRequest has no `reasoning` (openai/openai.go): a string there is an unknown
+    field, ignored, where chat completions refuse it."""
+    r = httpx.post(v1.url + "/v1/completions", timeout=T,
+                   json={"model": PAIR, "prompt": "a", "max_tokens": 2, "reasoning": "x"})
+    assert r.status_code == 200, r.text

@@ -155,8 +155,8 @@ def sampling(body: dict[str, Any], *, completion: bool) -> dict[str, Any]:
 
 def _think(body: dict[str, Any]) -> bool | str | None:
     """`reasoning.effort` or `reasoning_effort` as Ollama's `think` (openai/openai.go thinkFromReasoningEffort)."""
-    reasoning = _object(body, "reasoning")
-    effort = reasoning.get("effort") if reasoning is not None else body.get("reasoning_effort")
+    reasoning = body.get("reasoning")
+    effort = reasoning.get("effort") if isinstance(reasoning, dict) else body.get("reasoning_effort")
     if effort in (None, ""):
         return None
     mapping: dict[str, bool | str] = {"none": False, "minimal": "low", "low": "low", "medium": "medium",
@@ -363,6 +363,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         forwarded = await proxy.images_upstream(request, entry)
         if forwarded is not None:
             return forwarded
+    _object(body, "reasoning")  # ChatCompletionRequest's struct; CompletionRequest has no such field
     prompt = Prompt.of_chat(_messages(entry, body), _tools(body), think=_think(body))
     job = Job(prompt, sampling(body, completion=False), _response_format(body),
               logprobs=_logprobs(body, completion=False))
