@@ -309,9 +309,10 @@ class Runtime:
         """A job with an empty prompt: load the model (keeping it for keep_alive), or unload it."""
         if job.keep_alive == 0:
             served = self._loaded.get(self._key(entry))
-            if served is not None and served.in_flight:
+            loading = self._locks.get(self._key(entry))
+            if served is not None and (served.in_flight or (loading is not None and loading.locked())):
                 served.keep_alive = 0
-                self.touch(served)  # unloads once its requests are done (_expire)
+                self.touch(served)  # unloads once its requests (and a pair loading onto it) are done
             elif served is not None:
                 self._unload(served)
             return Outcome(done_reason="unload")
