@@ -251,6 +251,9 @@ def test_requests_read_typed_values_and_zero_values() -> None:
          "Value looks like object, but can't find closing '}' symbol"),
         (ChatRequest, {"messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}]},
          "Value looks like object, but can't find closing '}' symbol"),
+        # A type error is saved and decoding goes on; the arguments' error stops it, so it wins.
+        (ChatRequest, {"messages": [{"role": "assistant", "tool_calls": [{"id": 1, "function": {"arguments": 3}}]}]},
+         "Value looks like object, but can't find closing '}' symbol"),
         (ChatRequest, {"messages": [{"role": "assistant", "tool_calls": [{"id": 1, "function": {}}]}]},
          "json: cannot unmarshal number into Go struct field ToolCall.messages.tool_calls.id of type string"),
         (ChatRequest, {"tools": True},

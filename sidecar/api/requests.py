@@ -107,8 +107,7 @@ class _Request(BaseModel):
 
 # api.ToolCall and api.ToolCallFunction: each field's JSON check and Go type.
 _TOOL_CALL = {"id": (_is_str, "string"), "function": (lambda v: isinstance(v, dict), "api.ToolCallFunction")}
-_TOOL_FUNCTION = {"index": (_is_int, "int"), "name": (_is_str, "string"),
-                  "arguments": (lambda v: isinstance(v, dict), "api.ToolCallFunctionArguments")}
+_TOOL_FUNCTION = {"index": (_is_int, "int"), "name": (_is_str, "string")}
 # api.ToolCallFunctionArguments decodes through an ordered map (internal/orderedmap over
 # wk8/go-ordered-map, whose UnmarshalJSON is buger/jsonparser's ObjectEach): anything but an object
 # fails with jsonparser's MalformedObjectError, not a json.UnmarshalTypeError.
@@ -119,6 +118,12 @@ def _tool_calls(calls: list[Any]) -> list[Any]:
     """An earlier turn's tool calls as Go decodes them: a field of the wrong JSON type fails as
     api.ToolCall's or api.ToolCallFunction's (null is the zero value); unknown fields pass."""
     path = "messages.tool_calls"
+    # Go saves a type error and decodes on, but an UnmarshalJSON error stops it: bad arguments win.
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if arguments is not None and not isinstance(arguments, dict):
+            raise ApiError(400, _NOT_AN_OBJECT)
     for call in calls:
         if not isinstance(call, dict):
             raise unmarshal_error(call, "Message", path, "api.ToolCall")
@@ -127,8 +132,6 @@ def _tool_calls(calls: list[Any]) -> list[Any]:
                                             f"{path}.function")):
             for key, (ok, go) in fields.items():
                 if obj.get(key) is not None and not ok(obj[key]):
-                    if key == "arguments":
-                        raise ApiError(400, _NOT_AN_OBJECT)
                     raise unmarshal_error(obj[key], struct, f"{where}.{key}", go)
     return calls
 
