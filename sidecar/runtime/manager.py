@@ -199,12 +199,15 @@ class Runtime:
         loop = asyncio.get_running_loop()
         served.timer = loop.call_later(max(ka, 0.0), self._expire, served)
 
+    def _loading(self, served: Served) -> bool:
+        """A request is loading a pair onto it: it has queued (or is about to queue) work on its
+        slots, and stopping their threads now would leave that request waiting forever."""
+        lock = self._locks.get(served.key)
+        return lock is not None and lock.locked()
+
     def _expire(self, served: Served) -> None:
         served.timer = None
-        loading = self._locks.get(served.key)
-        # A request loading a pair onto it has queued (or is about to queue) work on its slots:
-        # stopping their threads now would leave that request waiting forever. Look again later.
-        if served.in_flight or (loading is not None and loading.locked()):
+        if served.in_flight or self._loading(served):  # look again later
             served.timer = asyncio.get_running_loop().call_later(1.0, self._expire, served)
         elif served.expires_at is not None and time.time() >= served.expires_at - 0.01:
             self._unload(served)
@@ -248,12 +251,9 @@ class Runtime:
         live = {self._key(e) for e in self.entries.values()}
         busy = False
         for served in list(self._loaded.values()):
-            loading = self._locks.get(served.key)
             if served.key not in live:
-                if loading is not None and loading.locked():
-                    # A request is loading onto it: stopping its thread now would strand that
-                    # request's stream job. Look again once the load is through.
-                    busy = True
+                if self._loading(served):
+                    busy = True  # look again once the load is through
                 else:
                     self._unload(served)
                 continue
@@ -309,8 +309,7 @@ class Runtime:
         """A job with an empty prompt: load the model (keeping it for keep_alive), or unload it."""
         if job.keep_alive == 0:
             served = self._loaded.get(self._key(entry))
-            loading = self._locks.get(self._key(entry))
-            if served is not None and (served.in_flight or (loading is not None and loading.locked())):
+            if served is not None and (served.in_flight or self._loading(served)):
                 served.keep_alive = 0
                 self.touch(served)  # unloads once its requests (and a pair loading onto it) are done
             elif served is not None:
