@@ -98,7 +98,7 @@ class _Parser:
         self.range_depth = 0
         self.last_pos = 0
         self.source = source
-        self.action_line = 0  # the line of the {{ that began the action being parsed (Tree.actionLine)
+        self.action_at: int | None = None  # where the {{ of the action being parsed is (Tree.actionLine)
 
     # -- token stream ------------------------------------------------------------------------
 
@@ -112,8 +112,9 @@ class _Parser:
         if tok.typ is TokenType.ERROR:
             # A lexer error in an action begun on an earlier line says where it began (Tree.unexpected).
             line, extra = self.line(tok.pos), ""
-            if self.action_line and self.action_line != line:
-                extra = f" in action started at :{self.action_line}"
+            began = self.line(self.action_at) if self.action_at is not None else line
+            if began != line:
+                extra = f" in action started at :{began}"
                 if tok.val.endswith(" action"):
                     extra = extra.removeprefix(" in action")  # not "action in action"
             self.fail(tok.val + extra, tok.pos)
@@ -166,11 +167,11 @@ class _Parser:
         if tok.typ is TokenType.TEXT:
             return TextNode(tok.pos, tok.val)
         if tok.typ is TokenType.LEFT:
-            self.action_line = self.line(tok.pos)
+            self.action_at = tok.pos  # its line is counted only if an error needs it
             try:
                 return self.action()
             finally:
-                self.action_line = 0  # as Go clears it once the action is parsed
+                self.action_at = None  # as Go clears it once the action is parsed
         self.unexpected(tok, "input")
 
     def item_list(self) -> tuple[ListNode, _End | _Else]:
