@@ -241,6 +241,30 @@ def test_keep_alive_stays_until_a_request_names_another(daemon: Daemon) -> None:
     assert client.generate(model="endless:test", prompt="", keep_alive=0).done_reason == "unload"
 
 
+def test_a_load_while_a_request_runs_moves_the_expiry_when_it_ends(daemon: Daemon) -> None:
+    """A load (no prompt) beside a running request sets the keep_alive but not the expiry: Ollama
+    moves expiresAt only when the runner's last request ends (server/sched.go, processCompleted)."""
+    client = ollama.Client(host=daemon.url)
+
+    def expires() -> float:
+        listed = {m.model: m for m in client.ps().models}
+        return listed["endless:test"].expires_at.timestamp() - time.time()  # type: ignore[union-attr]
+
+    client.generate(model="endless:test", prompt="x", options={"num_predict": 2}, keep_alive="1m")
+    body = {"model": "endless:test", "prompt": "go on", "options": {"num_predict": 1_000_000}}
+    with httpx.stream("POST", daemon.url + "/api/generate", json=body, timeout=T) as running:
+        lines = running.iter_lines()  # kept: a dropped iterator closes the response
+        assert json.loads(next(lines))["done"] is False
+        assert client.generate(model="endless:test", prompt="", keep_alive="10m").done_reason == "load"
+        assert expires() <= 60
+    deadline = time.monotonic() + 30  # the client left: its request stops within a step and the expiry moves
+    while expires() <= 60:
+        assert time.monotonic() < deadline, "the expiry did not move when the request ended"
+        time.sleep(0.1)
+    assert 500 < expires() <= 600
+    assert client.generate(model="endless:test", prompt="", keep_alive=0).done_reason == "unload"
+
+
 def test_errors_and_unloads_are_counted_under_the_pairs_name(daemon: Daemon) -> None:
     post(daemon, "/api/generate", model="endless:test", prompt="x", options={"top_k": "many"})
     post(daemon, "/api/generate", model="endless:test", keep_alive=0)

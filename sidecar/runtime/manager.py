@@ -317,7 +317,8 @@ class Runtime:
             return Outcome(done_reason="unload")
         served, seconds = await self._load(entry, opts.num_ctx)
         self._session(served, job)
-        self.touch(served)
+        if not served.in_flight:  # else the expiry moves when the last of them ends (sched.go, processCompleted)
+            self.touch(served)
         return Outcome(done_reason="load", load_seconds=seconds)
 
     async def generate(self, entry: PairEntry, job: Job, stop: Callable[[], bool] | None = None
