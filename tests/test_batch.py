@@ -25,7 +25,7 @@ from sidecar.engine.logprobs import Logprobs
 from sidecar.engine.sampling import SamplingParams
 from sidecar.engine.sequence import Sequence
 from sidecar.engine.seqview import SeqView
-from sidecar.engine.step import MIN_CHUNK, PREFILL_SHARE, StepLoop, pad_widths
+from sidecar.engine.step import MIN_CHUNK, PREFILL_SHARE, PRICE_ROWS, StepLoop, pad_widths
 from tests.prices import Fixed
 from tests.test_lossless import chat_prompt
 
@@ -571,7 +571,7 @@ def test_a_prompt_chunk_is_priced_by_what_its_chunks_cost() -> None:
     planned = {0: 8}  # one sequence verifying 8 rows: 45 ms
     budget = PREFILL_SHARE * cost.t_step[8]
     first = loop._chunk(1, seq, planned, 0)  # type: ignore[arg-type]
-    assert first == int(budget / (cost.added(MIN_CHUNK, Step(1, ((0, 8),))) / MIN_CHUNK)) > MIN_CHUNK
+    assert first == int(budget / (cost.added(PRICE_ROWS, Step(1, ((0, 8),))) / PRICE_ROWS)) > MIN_CHUNK
     loop._chunking[1].observe(first, 3 * cost.t_step[8] * first)  # each token cost three such steps
     assert loop._chunk(1, seq, planned, 0) == MIN_CHUNK  # type: ignore[arg-type]
     for _ in range(40):

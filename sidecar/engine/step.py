@@ -63,8 +63,9 @@ from sidecar.engine.sequence import Ask, Item, Rows, Sequence
 from sidecar.engine.seqview import SeqView
 from sidecar.engine.together import Member, choose
 
-PREFILL_SHARE = 1.5  # a prefill chunk may add this many times the decoding rows' cost to a step
-MIN_CHUNK = 4  # ... but never fewer tokens than this, so a prompt always comes in
+PREFILL_SHARE = 1.2  # a prefill chunk may add this many times the decoding rows' cost to a step
+MIN_CHUNK = 1  # ... but never fewer tokens than this, so a prompt always comes in
+PRICE_ROWS = 4  # before a chunk was timed, a prompt token is priced as a share of what this many rows add
 MIN_COPY = 16  # a prefix shorter than this is prefilled rather than copied
 
 
@@ -382,7 +383,7 @@ class StepLoop:
             return seq.n_batch
         per_token = self._chunking.setdefault(sid, _Chunking()).per_token
         if per_token <= 0:
-            per_token = cost.added(MIN_CHUNK, Step(sid, rows, cells=cells)) / MIN_CHUNK
+            per_token = cost.added(PRICE_ROWS, Step(sid, rows, cells=cells)) / PRICE_ROWS
         return max(MIN_CHUNK, min(seq.n_batch, int(budget / per_token))) if per_token > 0 else seq.n_batch
 
     def _learn_chunks(self, parts: list[tuple[int, Rows]], seconds: float, cells: int) -> None:
