@@ -375,7 +375,8 @@ class StepLoop:
     def _chunk(self, sid: int, seq: Sequence, planned: dict[int, int], cells: int) -> int:
         """How much of a prompt a step that others decode in may take (module docstring): what
         adds PREFILL_SHARE times the decoding rows' cost, at the price its earlier chunks showed
-        (before any, the verify curve's price of a row)."""
+        (before any, a share of what PRICE_ROWS rows add by the verify curve: one row's margin can
+        read as free where a layout merges passes)."""
         cost = seq.cost
         rows = tuple(planned.items())
         budget = PREFILL_SHARE * cost.batch(rows, cells)
