@@ -14,9 +14,10 @@ pair's drafters: `call`; freeing them, unloading: `after`, once every request su
 has finished).
 
 Each request's items go to the event loop through a bounded buffer. The batcher never waits on
-it: a sequence whose client has `maxsize` items unread sits out the steps until the client reads
-(its stream stays held), so a slow client slows only its own stream. When the client goes away
-the sequence sees the cancel flag at the next step and leaves it.
+it: a sequence whose client has `maxsize` items unread from before its last step sits out the
+steps until the client reads (its stream stays held), so a slow client slows only its own
+stream. When the client goes away the sequence sees the cancel flag at the next step and leaves
+it.
 
 Admission runs in a copy of the submitter's contextvars, so its log lines carry the request id.
 """
@@ -59,6 +60,7 @@ class _Sink:
         self.loop = loop
         self.maxsize = maxsize
         self.items: deque[Any] = deque()
+        self.fresh = 0  # how many of the items the last step put (the newest)
         self.cancel = threading.Event()
         self.waiting = False
         self.future: asyncio.Future[None] | None = None
@@ -66,7 +68,17 @@ class _Sink:
 
     @property
     def full(self) -> bool:
-        return len(self.items) >= self.maxsize
+        """`maxsize` items unread from before the last step's. A step's own items never count: a
+        round that accepted a long draft puts more than `maxsize` at once, and its sequence would
+        sit out the next step while the client reads them, and a waiting prompt's chunk with it
+        would go in whole (StepLoop cuts it only beside the sequences that decode)."""
+        return len(self.items) - self.fresh >= self.maxsize
+
+    def put_step(self, items: Sequence[Any]) -> None:
+        """From the batcher: a step's items."""
+        self.fresh = len(items)
+        for item in items:
+            self.put(item)
 
     def put(self, item: Any) -> None:
         """From the batcher: hand an item over, waking the consumer only if it waits (under the GIL
@@ -251,8 +263,7 @@ class Batcher:
                 del sinks[id(seq)]
                 sink.put(_Failure(got))
                 continue
-            for item in got:
-                sink.put(item)
+            sink.put_step(got)
             if isinstance(got[-1], Result):
                 del sinks[id(seq)]
                 sink.put(_END)
