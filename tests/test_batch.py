@@ -612,3 +612,23 @@ def test_each_price_is_asked_at_the_depth_its_step_attends_over(weights: Weights
         assert shared and all(cells == deepest for cells, deepest in shared), shared
     finally:
         b.close()
+
+
+def test_a_sequence_gives_its_result_in_the_step_that_ends_it(weights: Weights, smollm2: object) -> None:
+    """A sequence that reaches num_predict in a shared step leaves in that step, with its Result:
+    otherwise its last chunk waits for the next step's decode, which may carry a long prompt's
+    whole chunk once it is the only sequence left (seconds on a CPU)."""
+    b = Batch(weights, 2)
+    try:
+        b.add(0, request(weights, 0, n=4))
+        b.add(1, request(weights, 1, n=32))
+        while b.runs[0].result is None:
+            b.step()
+            assert b.runs[0].result is not None or len(b.seqs[0].result.tokens) < 4, "its last step kept its Result"
+        assert len(b.runs[0].tokens) == 4
+        assert b.seqs[0] not in b.loop.running.values()
+        assert b.runs[1].result is None  # the other one goes on
+        list(b.drain())
+        assert b.runs[1].result is not None
+    finally:
+        b.close()

@@ -258,6 +258,7 @@ class StepLoop:
         self.stats.rows += sum(len(rows.tokens) for _, rows in parts)
         alone = len(parts) == 1
         made: dict[int, Bid] = {}
+        ended: list[int] = []
         for (sid, _), lg in zip(parts, logits, strict=True):
             seq = self.running[sid]
             before = len(seq.result.tokens)
@@ -270,9 +271,14 @@ class StepLoop:
                 continue
             if sid in bids:
                 made[sid] = replace(bids[sid], tokens=float(len(seq.result.tokens) - before))
+            if seq.done is not None:  # its Result goes now, not after the next step's decode (a prompt's chunk, maybe)
+                items = [*items, *seq.finish()]
+                ended.append(sid)
             if items:
                 out.append((seq, items))
         settle(made, self._accounts)
+        for sid in ended:
+            self._leave(sid)
         return out
 
     def _drafted(self, asked: list[tuple[int, Rows | Ask]], drop: Callable[[int, BaseException], None]
