@@ -79,14 +79,19 @@ Threads: the servers decode with ``--threads`` each and only one runs at a time,
 threads wait for each other at every step, so a CPU taken by another job slows a step to that
 thread's share of it: on a shared machine use ``--threads 1``, and do not ``nice`` the run.
 
-Extras, on the daemons among ``old`` and ``batched`` in ``--configs`` (else ``batched``), each with
-``OLLAMA_NUM_PARALLEL=4``, ``--reps`` times, every repetition on unseen text (a fresh tag opens it):
+Extras, on the daemons among ``old``, ``old+ngram``, ``batched`` and ``batched+ngram`` in
+``--configs`` (else ``batched``), each with ``OLLAMA_NUM_PARALLEL=4``, ``--reps`` times, every
+repetition's long prompt unseen (a fresh tag opens it):
 
 - ``--long-prompt``: two streams of 256 tokens, and 0.5 s after both have begun to stream a third
   request with a ~2,000-token prompt: the running streams' ITL p50, p95, p95/p50 and max over the
-  long prompt's prefill (gaps overlapping its send .. its first token), their p50 outside it, and
-  the long request's TTFT (a column says how many running streams ended before that first token,
-  where the window is not all prefill);
+  long prompt's prefill (gaps overlapping its send .. its first token), their p50 and p95 outside
+  it, and the long request's TTFT (a column says how many running streams ended before that first
+  token, where the window is not all prefill). A drafting stream's lines come in bursts, one per
+  accepted token, so its p50 is near zero and p95/p50 says nothing: read its p95 against the p95
+  outside the prefill. Its running streams' prompts are the same each repetition, so from the
+  second on the suffix cache has seen their answers and copies them (the long accepted rounds
+  that once stalled a stream while a prompt came in, ad2876d);
 - ``--prefix``: ``/api/chat`` (the pair's template) with a ~2,000-token first user message
   (16 tokens), then turn 2 (the same messages, the reply and a short new question): TTFT of both,
   their ratio and each prompt_eval_count; then two different questions under one ~1,000-token
@@ -142,6 +147,7 @@ NUM_CTX = 4096
 PADDED_CTX = 1024
 WARMUP_TOKENS = 16  # the daemon does not speculate below 16 tokens: a warm-up of 16 drafts
 EXTRA_PARALLEL = 4  # OLLAMA_NUM_PARALLEL of the --long-prompt / --prefix daemons
+EXTRA_CONFIGS = ("old", "old+ngram", "batched", "batched+ngram")  # the extras run on these, where --configs has them
 LONG_RUNNING_TOKENS = 256
 LONG_DELAY_S = 0.5
 PREFIX_TOKENS = 16
@@ -848,7 +854,7 @@ def long_prompt_once(srv: Server, tag: str) -> dict[str, Any]:
     for s in running:
         for a, b in zip(s.stamps, s.stamps[1:], strict=False):
             (during if _overlaps(a, b, sent, until) else outside).append(b - a)
-    p50, p95 = pct(during, 50), pct(during, 95)
+    p50, p95, p95_out = pct(during, 50), pct(during, 95), pct(outside, 95)
     return {
         "gaps_during": len(during),
         "itl_p50_ms": None if p50 is None else 1e3 * p50,
@@ -856,6 +862,8 @@ def long_prompt_once(srv: Server, tag: str) -> dict[str, Any]:
         "p95_over_p50": p95 / p50 if p50 and p95 else None,
         "itl_max_ms": 1e3 * max(during) if during else None,
         "itl_p50_outside_ms": None if (o := pct(outside, 50)) is None else 1e3 * o,
+        "itl_p95_outside_ms": None if p95_out is None else 1e3 * p95_out,
+        "p95_over_p95_outside": p95 / p95_out if p95 and p95_out else None,
         "long_ttft_ms": None if long.ttft is None else 1e3 * long.ttft,
         "long_prompt_eval": long.prompt_eval,
         "running_ended_before_first_token": sum(s.end < until for s in running),
@@ -895,7 +903,7 @@ def _median_dict(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def extras(configs: list[Config], args: argparse.Namespace) -> dict[str, Any]:
-    names = [c for c in configs if c.name in ("old", "batched")] or make_configs(["batched"], None)
+    names = [c for c in configs if c.name in EXTRA_CONFIGS] or make_configs(["batched"], None)
     out: dict[str, Any] = {"long_prompt": {}, "prefix": {}}
     for cfg in names:
         with start(cfg, None, EXTRA_PARALLEL, args.threads, "extras") as srv:
@@ -1013,11 +1021,13 @@ def markdown_extras(ex: dict[str, Any]) -> str:
         out += [f"### Long prompt: 2 streams of {LONG_RUNNING_TOKENS} tokens, then a ~2,000-token prompt "
                 f"(OLLAMA_NUM_PARALLEL={EXTRA_PARALLEL}), median over repetitions\n",
                 "| daemon | gaps during prefill | ITL p50 ms | p95 ms | p95/p50 | max ms | p50 outside ms "
-                "| long TTFT ms | long prompt_eval_count | streams done before its first token | other jobs, cores |",
-                "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                "| p95 outside ms | p95 / p95 outside | long TTFT ms | long prompt_eval_count "
+                "| streams done before its first token | other jobs, cores |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for name, r in ex["long_prompt"].items():
             out.append(f"| {name} | {_f(r['gaps_during'], '.0f')} | {_f(r['itl_p50_ms'])} | {_f(r['itl_p95_ms'])} "
                        f"| {_f(r['p95_over_p50'], '.2f')} | {_f(r['itl_max_ms'])} | {_f(r['itl_p50_outside_ms'])} "
+                       f"| {_f(r.get('itl_p95_outside_ms'))} | {_f(r.get('p95_over_p95_outside'), '.2f')} "
                        f"| {_f(r['long_ttft_ms'], '.0f')} | {_f(r['long_prompt_eval'], '.0f')} "
                        f"| {_f(r['running_ended_before_first_token'], '.0f')} "
                        f"| {_f(r['foreign_cores'], '.2f')} |")  # fmt: skip
