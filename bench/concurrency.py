@@ -87,9 +87,11 @@ repetition's long prompt unseen (a fresh tag opens it):
   request with a ~2,000-token prompt: the running streams' ITL p50, p95, p95/p50 and max over the
   long prompt's prefill (gaps overlapping its send .. its first token), their p50 and p95 outside
   it, and the long request's TTFT (a column says how many running streams ended before that first
-  token, where the window is not all prefill). A drafting stream's lines come in bursts, one per
-  accepted token, so its p50 is near zero and p95/p50 says nothing: read its p95 against the p95
-  outside the prefill. Its running streams' prompts are the same each repetition, so from the
+  token, where the window is not all prefill), the running streams' mean time a token during
+  and outside it, and the later of their own TTFTs (the second one's prompt comes in beside the
+  first one's decoding). A drafting stream's lines come in bursts, one per accepted token, so its p50 is
+  near zero and p95/p50 says nothing: read its time a token, and its max, which is one verify
+  returning its whole accepted draft. Its running streams' prompts are the same each repetition, so from the
   second on the suffix cache has seen their answers and copies them (the long accepted rounds
   that once stalled a stream while a prompt came in, ad2876d);
 - ``--prefix``: ``/api/chat`` (the pair's template) with a ~2,000-token first user message
@@ -863,8 +865,10 @@ def long_prompt_once(srv: Server, tag: str) -> dict[str, Any]:
         "itl_max_ms": 1e3 * max(during) if during else None,
         "itl_p50_outside_ms": None if (o := pct(outside, 50)) is None else 1e3 * o,
         "itl_p95_outside_ms": None if p95_out is None else 1e3 * p95_out,
-        "p95_over_p95_outside": p95 / p95_out if p95 and p95_out else None,
+        "ms_per_token_during": 1e3 * sum(during) / len(during) if during else None,
+        "ms_per_token_outside": 1e3 * sum(outside) / len(outside) if outside else None,
         "long_ttft_ms": None if long.ttft is None else 1e3 * long.ttft,
+        "running_ttft_ms": 1e3 * max(t) if (t := [s.ttft for s in running if s.ttft is not None]) else None,
         "long_prompt_eval": long.prompt_eval,
         "running_ended_before_first_token": sum(s.end < until for s in running),
     }
@@ -1015,22 +1019,28 @@ def markdown_bound(results: dict[str, dict[int, dict[str, Any]]], meta: dict[str
     return "\n".join(out) + "\n" if rows else ""
 
 
+def _pace(r: dict[str, Any]) -> str:
+    during, outside = r.get("ms_per_token_during"), r.get("ms_per_token_outside")
+    ratio = f" ({during / outside:.2f})" if during and outside else ""
+    return f"{_f(during)} / {_f(outside)}{ratio}"
+
+
 def markdown_extras(ex: dict[str, Any]) -> str:
     out = []
     if ex.get("long_prompt"):
         out += [f"### Long prompt: 2 streams of {LONG_RUNNING_TOKENS} tokens, then a ~2,000-token prompt "
                 f"(OLLAMA_NUM_PARALLEL={EXTRA_PARALLEL}), median over repetitions\n",
                 "| daemon | gaps during prefill | ITL p50 ms | p95 ms | p95/p50 | max ms | p50 outside ms "
-                "| p95 outside ms | p95 / p95 outside | long TTFT ms | long prompt_eval_count "
-                "| streams done before its first token | other jobs, cores |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                "| p95 outside ms | ms a token, during / outside | long TTFT ms | long prompt_eval_count "
+                "| streams done before its first token | running streams' TTFT ms (the later) | other jobs, cores |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for name, r in ex["long_prompt"].items():
             out.append(f"| {name} | {_f(r['gaps_during'], '.0f')} | {_f(r['itl_p50_ms'])} | {_f(r['itl_p95_ms'])} "
                        f"| {_f(r['p95_over_p50'], '.2f')} | {_f(r['itl_max_ms'])} | {_f(r['itl_p50_outside_ms'])} "
-                       f"| {_f(r.get('itl_p95_outside_ms'))} | {_f(r.get('p95_over_p95_outside'), '.2f')} "
+                       f"| {_f(r.get('itl_p95_outside_ms'))} | {_pace(r)} "
                        f"| {_f(r['long_ttft_ms'], '.0f')} | {_f(r['long_prompt_eval'], '.0f')} "
                        f"| {_f(r['running_ended_before_first_token'], '.0f')} "
-                       f"| {_f(r['foreign_cores'], '.2f')} |")  # fmt: skip
+                       f"| {_f(r.get('running_ttft_ms'), '.0f')} | {_f(r['foreign_cores'], '.2f')} |")  # fmt: skip
         out.append("")
     if ex.get("prefix"):
         out += [f"### Prefix reuse via /api/chat (OLLAMA_NUM_PARALLEL={EXTRA_PARALLEL}), median over repetitions\n",
