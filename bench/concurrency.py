@@ -86,14 +86,14 @@ repetition's long prompt unseen (a fresh tag opens it):
 - ``--long-prompt``: two streams of 256 tokens, and 0.5 s after both have begun to stream a third
   request with a ~2,000-token prompt: the running streams' ITL p50, p95, p95/p50 and max over the
   long prompt's prefill (gaps overlapping its send .. its first token), their p50 and p95 outside
-  it, and the long request's TTFT (a column says how many running streams ended before that first
-  token, where the window is not all prefill), the running streams' mean time a token during
-  and outside it, and the later of their own TTFTs (the second one's prompt comes in beside the
-  first one's decoding). A drafting stream's lines come in bursts, one per accepted token, so its p50 is
-  near zero and p95/p50 says nothing: read its time a token, and its max, which is one verify
-  returning its whole accepted draft. Its running streams' prompts are the same each repetition, so from the
-  second on the suffix cache has seen their answers and copies them (the long accepted rounds
-  that once stalled a stream while a prompt came in, ad2876d);
+  it, their mean time a token during and outside it, the long request's TTFT (a column says how
+  many running streams ended before that first token, where the window is not all prefill), and
+  the later of the running streams' own TTFTs (the second one's prompt may come in beside the
+  first one's decoding). A drafting stream's lines come in bursts, one per accepted token, so its
+  p50 is near zero and p95/p50 says nothing: read its time a token, and its max, which is one
+  verify returning a whole accepted draft. The running streams' prompts are the same in every
+  repetition, so from the second on a suffix cache has seen their answers and copies them (the
+  long accepted rounds that once stalled a stream while a prompt came in, ad2876d);
 - ``--prefix``: ``/api/chat`` (the pair's template) with a ~2,000-token first user message
   (16 tokens), then turn 2 (the same messages, the reply and a short new question): TTFT of both,
   their ratio and each prompt_eval_count; then two different questions under one ~1,000-token
