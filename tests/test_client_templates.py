@@ -24,6 +24,8 @@ from sidecar.templates.named import named
 from tests.conftest import SMOLLM2_REF, Daemon, write_config
 from tests.models import CHATML_TEMPLATE, write_tiny_llama
 
+pytestmark = pytest.mark.daemon
+
 T = 120
 BUNDLED_PAIR = "smollm2:135m"
 GGUF_PAIR = "smollm2:gguf"  # the same file without the bundled template: what `ollama create` would make

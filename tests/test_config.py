@@ -11,6 +11,8 @@ from sidecar.config.loader import BUNDLED, ConfigError, default_path, load, pars
 from sidecar.config.schema import Config, ModelDraft, NgramDraft
 from sidecar.engine.adaptive import NGRAM_N_MAX, SpeculativeConfig
 
+pytestmark = pytest.mark.model
+
 HEAD = "pairs:\n  a:b:\n    from: t.gguf\n"  # lines 1-3 of most examples
 
 

@@ -32,6 +32,8 @@ from sidecar.runtime.contract import (
 from sidecar.runtime.llamacpp import LlamaEngine
 from sidecar.runtime.manager import Runtime
 
+pytestmark = pytest.mark.model
+
 Factory = Callable[..., Awaitable[TestClient]]
 SIDECAR = Path(__file__).resolve().parents[1] / "sidecar"
 ANSWER = ["hm", "</think>", "Hello", " there"]

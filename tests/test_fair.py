@@ -3,7 +3,11 @@
 The numbers are a CPU's: a plain step of four streams costs 1.0, a row adds 0.2 to it, so a
 stream that ends early gives each other stream 0.2 a token of its lead."""
 
+import pytest
+
 from sidecar.engine.fair import Account, Bid, balance, settle, withdrawals
+
+pytestmark = pytest.mark.pure
 
 PLAIN = Bid(tokens=1.0, extra=0.0, tau=1.0, row=0.2)
 SLACK = 0.03

@@ -20,6 +20,8 @@ from sidecar.templates.gotemplate import GoTemplate, TemplateError
 from sidecar.templates.named import levenshtein, named, named_templates
 from sidecar.templates.ollama import render_ollama
 
+pytestmark = pytest.mark.pure
+
 # ---------------------------------------------------------------------------------------------
 # Conformance: Ollama's own template test data (tests/data/ollama-templates, a copy of
 # shared/conformance/ollama-templates kept in the repo so a lone clone runs the whole suite)

@@ -27,6 +27,8 @@ from sidecar.engine.sampling import Sampler, SamplingParams
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from derive_models import extend
 
+pytestmark = pytest.mark.model
+
 GREEDY = SamplingParams(temperature=0.0)
 # llama-cpp-python 0.3.36's converter ignores length and range bounds (maxLength, maximum,
 # maxItems), so the schema sticks to what it enforces: types, required keys, enums, consts.

@@ -19,6 +19,8 @@ from sidecar.engine.llama import Context, Weights
 from sidecar.engine.logprobs import Logprobs
 from sidecar.engine.sampling import Sampler, SamplingParams
 
+pytestmark = pytest.mark.model
+
 GREEDY = SamplingParams(temperature=0.0)
 JSON = gbnf_for_format("json")
 

@@ -11,6 +11,8 @@ from aiohttp.test_utils import TestClient
 
 from sidecar.api import guard
 
+pytestmark = pytest.mark.pure
+
 Factory = Callable[..., Awaitable[TestClient]]
 
 ALLOWED_HEADERS = (

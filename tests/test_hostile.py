@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 
 from tests.conftest import Daemon, write_config
 
+pytestmark = pytest.mark.daemon
+
 TINY = "tiny:test"
 T = 60
 # Paths that parse a body, with the error shape their clients read.

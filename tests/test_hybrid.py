@@ -30,6 +30,8 @@ from tests.models import write_tiny_pair
 from tests.prices import Fixed
 from tests.stats import chi_square_same_distribution
 
+pytestmark = pytest.mark.model
+
 INF = math.inf
 GREEDY = SamplingParams(temperature=0.0)
 FLAT = [1.0 + 0.02 * i for i in range(13)]  # seconds per 1..13 rows: verifying is nearly free

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.pure
+
 SIDECAR = Path(__file__).resolve().parents[1] / "sidecar"
 
 # package -> packages of sidecar it must never import

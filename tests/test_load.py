@@ -19,7 +19,7 @@ import pytest
 from sidecar.models.gguf import read_metadata
 from tests.conftest import Daemon, write_config
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+pytestmark = [pytest.mark.daemon, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
 
 T = 120
 CLIENTS = 32

@@ -20,6 +20,8 @@ from sidecar.runtime.llamacpp.curves import CurveCache
 from sidecar.runtime.manager import Runtime
 from tests.conftest import SMOLLM2_REF
 
+pytestmark = pytest.mark.model
+
 
 def pair(name: str, **fields: Any) -> Any:
     spec = {"from": SMOLLM2_REF, "draft": "ngram", "runtime": {"num_gpu": 0}, "parameters": {"num_ctx": 512},

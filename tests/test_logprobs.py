@@ -18,6 +18,8 @@ from sidecar.engine.llama import Context, ContextParams, Weights
 from sidecar.engine.logprobs import Logprobs, TokenLogprob
 from sidecar.engine.sampling import SamplingParams
 
+pytestmark = pytest.mark.model
+
 GREEDY = SamplingParams(temperature=0.0)
 
 

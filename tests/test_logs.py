@@ -11,6 +11,8 @@ import pytest
 
 from sidecar.observability.logs import LOCALS_ENV, setup_logging
 
+pytestmark = pytest.mark.pure
+
 
 def serve(prompt: str) -> None:
     """A frame whose locals hold a prompt, as those of a request being served do."""

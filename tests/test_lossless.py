@@ -29,6 +29,8 @@ from tests.stats import chi_square_same_distribution
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from derive_models import extend
 
+pytestmark = pytest.mark.model
+
 GREEDY = SamplingParams(temperature=0.0)
 
 TOPICS = [

@@ -19,6 +19,8 @@ from tests.conftest import Daemon, write_config
 from tests.models import write_tiny_llama
 from tests.stores import add_ollama_model
 
+pytestmark = pytest.mark.daemon
+
 T = 120
 CHAT = [{"role": "user", "content": "hi"}]
 HARMONY = ("{{- range .Messages }}<|start|>{{ .Role }}<|message|>{{ .Content }}<|end|>{{ end }}"

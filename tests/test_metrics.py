@@ -23,6 +23,8 @@ from tests.conftest import Daemon, write_config
 from tests.models import write_tiny_llama
 from tests.test_service import log_records
 
+pytestmark = pytest.mark.daemon
+
 Factory = Callable[..., Awaitable[TestClient]]
 
 

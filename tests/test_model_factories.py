@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.model
+
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("gguf")
 

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from sidecar.engine.drafters import NgramDrafter, common_prefix
 
+pytestmark = pytest.mark.model
+
 
 def propose(context: Sequence[int], max_tokens: int = 8, min_n: int = 2, max_n: int = 4) -> list[int]:
     return NgramDrafter(min_n, max_n).propose(context, max_tokens).tokens

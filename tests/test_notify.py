@@ -20,6 +20,8 @@ import pytest
 from sidecar.observability import notify
 from tests.conftest import free_port, write_config
 
+pytestmark = pytest.mark.daemon
+
 
 class FakeSystemd:
     """A bound AF_UNIX datagram socket, as systemd's notify socket; `path` is what NOTIFY_SOCKET holds."""

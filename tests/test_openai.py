@@ -17,6 +17,8 @@ import pytest
 
 from tests.conftest import Daemon, write_config
 
+pytestmark = pytest.mark.daemon
+
 PAIR = "tiny:test"
 T = 120  # generous: the test machine is small and shared (and pairs run on one thread: tiny models, busy CPUs)
 

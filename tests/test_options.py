@@ -11,6 +11,8 @@ from sidecar.config.options import MAX_CTX, OptionError, coerce
 from sidecar.engine.sampling import SamplingParams
 from sidecar.runtime.options import Effective, effective
 
+pytestmark = pytest.mark.pure
+
 # -- coerce ----------------------------------------------------------------------------------------
 
 

@@ -20,6 +20,8 @@ import pytest
 from tests.conftest import Daemon, write_config
 from tests.models import write_tiny_llama
 
+pytestmark = pytest.mark.daemon
+
 T = 120
 
 

@@ -39,6 +39,8 @@ from sidecar.templates.parsers.harmony import (
 )
 from sidecar.templates.parsers.thinking import ThinkingState
 
+pytestmark = pytest.mark.pure
+
 CALL_ID = re.compile(r"call_[a-z0-9]{8}")
 
 

@@ -21,6 +21,8 @@ from sidecar.pairing.probe import ProbeCache, Prober, ProbeResult
 from tests.stores import pairing_store
 from tests.test_suggest import ALIGNED, FAST, TARGET, USELESS
 
+pytestmark = pytest.mark.model
+
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Path:

@@ -8,6 +8,8 @@ from sidecar.engine.adaptive import ALONE, SpeculativeConfig, Step
 from sidecar.engine.probing import Probing
 from tests.prices import Fixed
 
+pytestmark = pytest.mark.model
+
 
 def cost(step: float = 0.01, catchup: float = 0.001) -> Fixed:
     c = Fixed(16)

@@ -36,6 +36,8 @@ from sidecar.runtime.manager import Runtime
 from tests.conftest import Daemon, free_port, write_config
 from tests.models import write_tiny_llama
 
+pytestmark = pytest.mark.daemon
+
 GREEDY = {"temperature": 0, "num_predict": 12}
 T = 120  # generous: the test machine is small and shared (and pairs run on one thread: tiny models, busy CPUs)
 

@@ -26,6 +26,8 @@ from tests.conftest import Daemon
 from tests.models import write_tiny_llama, write_tiny_pair
 from tests.stores import add_ollama_model
 
+pytestmark = pytest.mark.daemon
+
 TIMEOUT = 30.0  # generous: the machine running the suite may be busy
 # More tokens than loopback socket buffers hold (~2,600 NDJSON lines measured here): a client
 # that stops reading then stalls the generation itself, so the reload lands while it runs.

@@ -14,6 +14,8 @@ from numpy.typing import NDArray
 
 from sidecar.engine.sampling import Sampler, SamplingParams
 
+pytestmark = pytest.mark.pure
+
 F32 = NDArray[np.float32]
 # Only the stage under test is active: no top-k, top-p or min-p truncation, temperature 1.
 PLAIN = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}

@@ -18,6 +18,8 @@ from sidecar.cli import drain_timeout
 from tests.conftest import SMOLLM2_REF, Daemon, write_config
 from tests.models import write_tiny_llama
 
+pytestmark = pytest.mark.daemon
+
 T = 120
 
 

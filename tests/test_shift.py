@@ -24,6 +24,8 @@ from sidecar.engine.suffix import SuffixCache, SuffixDrafter
 from sidecar.engine.window import prompt_limit, shift_span, truncate_prompt
 from tests.models import write_tiny_llama, write_tiny_pair
 
+pytestmark = pytest.mark.model
+
 GREEDY = SamplingParams(temperature=0.0)
 WINDOW = ContextParams(n_ctx=256, n_threads=1)
 F32_CACHE = ContextParams(n_ctx=256, n_threads=1, type_k=0, type_v=0)  # ggml type 0 = F32

@@ -7,8 +7,11 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import ollama
+import pytest
 
 from tests.conftest import Daemon
+
+pytestmark = pytest.mark.daemon
 
 MODEL = "smollm2:135m"
 

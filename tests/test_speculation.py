@@ -19,6 +19,8 @@ from tests.conftest import SMOLLM2_REF, Daemon, write_config
 from tests.models import write_tiny_llama
 from tests.prices import Fixed
 
+pytestmark = pytest.mark.daemon
+
 
 @pytest.fixture(scope="module")
 def stranger(model_dir: Path) -> Path:

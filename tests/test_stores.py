@@ -18,6 +18,8 @@ from tests.conftest import SMOLLM2_REF, Daemon
 from tests.models import write_tiny_llama
 from tests.stores import add_ollama_model
 
+pytestmark = pytest.mark.daemon
+
 GO_TEMPLATE = "{{ if .System }}<<SYS>>{{ .System }}<</SYS>>{{ end }}{{ .Prompt }} =>"
 
 

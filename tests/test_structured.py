@@ -21,6 +21,8 @@ import pytest
 
 from tests.conftest import Daemon, write_config
 
+pytestmark = pytest.mark.daemon
+
 T = 120
 DRAFT, NGRAM = "tiny:draft", "tiny:ngram"
 SCHEMA = {

@@ -19,6 +19,8 @@ from sidecar.engine.llama import Context, ContextParams, Weights
 from sidecar.engine.sampling import SamplingParams
 from sidecar.engine.suffix import FORMAT_VERSION, LEVELS, Continuation, SuffixCache, SuffixDrafter
 
+pytestmark = pytest.mark.model
+
 ANSWER = [50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61]
 TEMPLATE = [7, 8, 9]  # stands for the chat template's "assistant" turn
 

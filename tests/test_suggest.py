@@ -29,6 +29,8 @@ from sidecar.pairing.suggest import (
 )
 from tests.stores import pairing_store
 
+pytestmark = pytest.mark.model
+
 TARGET, ALIGNED, FOREIGN = "smollm2:x180", "smollm2:135m", "tiny:latest"
 USELESS = "lmstudio:test/Inverted-GGUF/smollm2-inverted-trunc2.gguf"
 # One short prompt, a small context, one timing repetition: a cold probe of the store in seconds. One

@@ -19,6 +19,8 @@ import pytest
 
 from sidecar.cli import parse_ollama_host
 
+pytestmark = pytest.mark.model
+
 REPO = Path(__file__).resolve().parents[1]
 UNITS = REPO / "systemd"
 SYSTEM_UNIT = UNITS / "spec-sidecar.service"

@@ -14,6 +14,8 @@ from sidecar.templates.ollama import template_vars
 from sidecar.templates.tags import infer_think_tags, tool_call_tag
 from sidecar.templates.tools import tool_tag
 
+pytestmark = pytest.mark.pure
+
 # tools/template_test.go, TestParseTag: (name, template, want)
 PARSE_TAG_CASES: list[tuple[str, str, str]] = [
     ("empty", "", "{"),

@@ -5,10 +5,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sidecar.engine.text import TextStream
+
+pytestmark = pytest.mark.pure
 
 
 def stream(pieces: Iterable[bytes], stops: list[str] | None = None) -> tuple[list[str], bool]:

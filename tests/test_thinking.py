@@ -25,6 +25,8 @@ from tests import openapi
 from tests.conftest import Daemon, write_config
 from tests.models import write_tiny_llama
 
+pytestmark = pytest.mark.daemon
+
 T = 120
 MESSAGES = [{"role": "user", "content": "Think about it."}]
 

@@ -20,6 +20,8 @@ from tests import openapi
 from tests.conftest import SMOLLM2_REF, Daemon, write_config
 from tests.models import write_tiny_llama
 
+pytestmark = pytest.mark.daemon
+
 T = 120
 FIM = "{{- if .Suffix }}<PRE> {{ .Prompt }} <SUF>{{ .Suffix }} <MID>{{ else }}{{ .Prompt }}{{ end }}"
 

@@ -4,11 +4,15 @@ The prices are a CPU's, as the padded pair's at N = 2 measured in-process (engin
 one-row step 45 ms, each row more 19 ms, a draft step 11 ms and a row beside it half that. Two
 sequences on streams 0 and 1, each with a plain row; their drafts always hold."""
 
+import pytest
+
 from sidecar.engine.adaptive import expected_tokens
 from sidecar.engine.drafters import Support
 from sidecar.engine.rounds import Offer
 from sidecar.engine.together import Member, choose, draft_seconds
 from tests.prices import Fixed
+
+pytestmark = pytest.mark.model
 
 PLAIN_ROWS = {0: 1, 1: 1}
 PLAIN_TOKENS = {0: 1.0, 1: 1.0}

@@ -28,6 +28,8 @@ from sidecar.templates.chat import GoChatTemplate
 from sidecar.templates.tools import ToolCallParser, supports_tools, tool_tag
 from tests.conftest import Daemon, write_config
 
+pytestmark = pytest.mark.daemon
+
 T = 120
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",

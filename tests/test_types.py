@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from mypy import api
+
+pytestmark = pytest.mark.pure
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,6 +18,8 @@ from numpy.typing import NDArray
 from sidecar.engine.verify import DistFn, verify_greedy, verify_rejection, verify_sample_and_match
 from tests.stats import chi2_sf
 
+pytestmark = pytest.mark.pure
+
 Dist = NDArray[np.float64]
 ALPHA = 1e-3  # a correct verifier fails a single check with this probability (fixed seeds: never)
 

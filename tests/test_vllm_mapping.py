@@ -21,6 +21,8 @@ from sidecar.runtime.vllm import command
 from sidecar.runtime.vllm.client import parse_spec_counters
 from sidecar.runtime.vllm.engine import request_body
 
+pytestmark = pytest.mark.model
+
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 
 

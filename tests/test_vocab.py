@@ -35,6 +35,8 @@ from sidecar.pairing.vocab import (
 from sidecar.storage import cache_dir
 from tests.models import write_tiny_llama
 
+pytestmark = pytest.mark.model
+
 Patch = dict[str, Callable[..., Any]]
 
 

@@ -13,6 +13,8 @@ from sidecar.engine.llama import Weights
 from tests.conftest import SMOLLM2_REF, Daemon, write_config
 from tests.models import write_tiny_llama
 
+pytestmark = pytest.mark.daemon
+
 T = 300
 NUM_CTX = 256
 

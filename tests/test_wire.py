@@ -12,6 +12,8 @@ import pytest
 from sidecar.api.requests import ChatRequest, GenerateRequest
 from sidecar.api.wire import ApiError, dumps, line, ns, parse_duration, read_body
 
+pytestmark = pytest.mark.pure
+
 # -- parse_duration --------------------------------------------------------------------------------
 
 

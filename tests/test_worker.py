@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from sidecar.runtime.llamacpp.worker import _Sink
+
+pytestmark = pytest.mark.model
 
 
 async def test_a_long_round_does_not_make_its_sequence_sit_out() -> None:
