@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Daemon, write_config
+from tests.conftest import Daemon, free_port, write_config
 from tests.test_service import log_records
 
 pytestmark = pytest.mark.daemon
@@ -79,6 +79,7 @@ def test_every_refused_generation_logs_one_summary_line(tiny_daemon: Daemon, pat
     assert len(lines) == 1, lines
     assert lines[0]["status"] == f"error {status}" and lines[0]["path"] == path
     assert lines[0]["model"] == model
+    assert lines[0]["reason"], lines  # what the client was told
 
 
 def test_guard_refusals_and_successes_log_one_line_too(tiny_daemon: Daemon) -> None:
@@ -89,9 +90,50 @@ def test_guard_refusals_and_successes_log_one_line_too(tiny_daemon: Daemon) -> N
     rid, r = post(tiny_daemon, "/api/generate", {"model": "tiny:test", "prompt": "x", "stream": False})
     assert r.status_code == 200
     assert [rec["status"] for rec in summaries(tiny_daemon, rid)] == ["ok"]
-    # Not a generation route: no summary line.
+    # Not a generation route: an error answer still logs its one line, a success none.
     rid, r = post(tiny_daemon, "/api/show", {"model": "nope:x"})
-    assert r.status_code == 404 and summaries(tiny_daemon, rid) == []
+    assert r.status_code == 404
+    [line] = summaries(tiny_daemon, rid)
+    assert (line["path"], line["model"], line["status"]) == ("/api/show", "nope:x", "error 404")
+    assert line["reason"] == r.json()["error"]
+    rid, r = post(tiny_daemon, "/api/show", {"model": "tiny:test"})
+    assert r.status_code == 200 and summaries(tiny_daemon, rid) == []
+
+
+@pytest.fixture(scope="module")
+def orphan(tmp_path_factory: pytest.TempPathFactory, tiny: Path) -> Iterator[Daemon]:
+    """A daemon whose upstream is down: a port nothing listens on."""
+    cfg = write_config(tmp_path_factory.mktemp("orphan") / "pairs.yaml", f"""
+pairs:
+  tiny:test:
+    from: {tiny}
+    parameters: {{num_ctx: 256}}
+    runtime: {{num_thread: 1}}
+""")
+    d = Daemon(cfg, env={"SIDECAR_UPSTREAM": f"http://127.0.0.1:{free_port()}"})
+    yield d
+    d.stop()
+
+
+# Forwarded requests (models that are not pairs, endpoints the sidecar does not serve) to an
+# upstream that is down: each 502 leaves one line with the path, the model named and the reason.
+FORWARDED = [
+    ("/api/chat", {"model": "llama3:8b", "messages": CHAT}, "llama3:8b"),
+    ("/api/generate", {"model": "llama3:8b", "prompt": "x"}, "llama3:8b"),
+    ("/api/show", {"model": "llama3:8b"}, "llama3:8b"),
+    ("/api/pull", {"model": "llama3:8b"}, "llama3:8b"),
+    ("/v1/chat/completions", {"model": "gpt-x", "messages": CHAT}, "gpt-x"),
+    ("/api/somewhere/new", {}, None),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "model"), FORWARDED, ids=[p for p, *_ in FORWARDED])
+def test_a_502_from_a_dead_upstream_logs_one_line(orphan: Daemon, path: str, body: Any, model: str | None) -> None:
+    rid, r = post(orphan, path, body)
+    assert r.status_code == 502, r.text
+    [line] = summaries(orphan, rid)
+    assert (line["path"], line["model"], line["status"]) == (path, model, "error 502")
+    assert "unreachable" in line["reason"] and "127.0.0.1" in line["reason"]
 
 
 def test_a_traceback_carries_no_prompt(tiny_daemon: Daemon) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 from aiohttp import web
@@ -17,11 +18,8 @@ from sidecar.runtime.manager import Runtime
 log = logging.getLogger("sidecar.api")
 
 MAX_BODY = 64 * 1024 * 1024  # generous for long prompts and images, small enough to refuse abuse
-# The routes that generate (embeddings too: a pair refuses them, the upstream runs them): each
-# request to one logs one summary line (sidecar.request), whatever its end.
-GENERATION_ROUTES = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings",
-                               "/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 MAX_LOGGED_NAME = 128  # a model name a client sent, as far as a summary line quotes it
+MAX_LOGGED_REASON = 300  # an error message, as far as a summary line quotes it
 
 
 @web.middleware
@@ -30,8 +28,10 @@ async def refusals(request: web.Request, handler: lifecycle.Handler) -> web.Stre
 
     Such a request may have been refused before its pair was looked up (a bad field, images or
     embeddings for a pair): if its body names a pair, its sidecar_requests_total sample gets the
-    pair's name. And a generation route's request that respond() did not log (refused before it
-    ran, by the guards, the drain, the handler or the upstream) gets its summary line here.
+    pair's name. And every error answer that respond() did not log (refused before it ran, by the
+    guards, the drain, the handler, the router, or an upstream that is down or said no; on any
+    route, forwarded or not) gets its one summary line here, with the reason the client was given:
+    before, a 502 from a dead upstream showed only in /metrics.
 
     Inside the metrics middleware, which reads the label afterwards, and outside the guards and
     the drain, whose refusals are requests too."""
@@ -39,19 +39,18 @@ async def refusals(request: web.Request, handler: lifecycle.Handler) -> web.Stre
     try:
         resp = await handler(request)
     except web.HTTPException as e:
-        await _refused(request, e.status, clock)
+        await _refused(request, e.status, clock, e.text or e.reason)
         raise
-    await _refused(request, resp.status, clock)
+    await _refused(request, resp.status, clock, _reason(resp))
     return resp
 
 
-async def _refused(request: web.Request, status: int, clock: metrics.TokenClock) -> None:
+async def _refused(request: web.Request, status: int, clock: metrics.TokenClock, reason: str | None) -> None:
     """Label an error's sample with the pair the body names; log the summary line respond() did not."""
     if status < 400:
         return
     pair = metrics.model_of(request)
-    resource = request.match_info.route.resource
-    needs_line = resource is not None and resource.canonical in GENERATION_ROUTES and not request_logged(request)
+    needs_line = not request_logged(request)
     if pair is not None and not needs_line:
         return
     name = pair or await _body_model(request)
@@ -60,7 +59,26 @@ async def _refused(request: web.Request, status: int, clock: metrics.TokenClock)
         metrics.set_model(request, pair)
     if needs_line:
         log_request(request, pair or (name[:MAX_LOGGED_NAME] if name else None), None,
-                    "aborted" if status == 499 else f"error {status}", clock)
+                    "aborted" if status == 499 else f"error {status}", clock, reason=reason)
+
+
+def _reason(resp: web.StreamResponse) -> str | None:
+    """What an error answer told the client: the message of Ollama's `{"error": "..."}` or OpenAI's
+    `{"error": {"message": ...}}`, a plain-text body, or, for a streamed answer (an upstream's,
+    passed through), that the upstream gave this status."""
+    if resp.status < 400:
+        return None
+    body = resp.body if isinstance(resp, web.Response) else None
+    if not isinstance(body, bytes):
+        return f"upstream answered {resp.status}" if resp.prepared else None
+    text = body[:MAX_LOGGED_REASON * 4].decode("utf-8", "replace")
+    try:
+        err = json.loads(text).get("error")
+    except (ValueError, AttributeError):
+        return text.strip()[:MAX_LOGGED_REASON] or None
+    if isinstance(err, dict):
+        err = err.get("message")
+    return str(err)[:MAX_LOGGED_REASON] if err is not None else None
 
 
 async def _body_model(request: web.Request) -> str | None:

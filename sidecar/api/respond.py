@@ -110,7 +110,7 @@ async def respond(request: web.Request, entry: PairEntry, job: Job, framing: Fra
         return await _gone(request, entry, events, clock, stop, None)
     except Exception as e:
         err = api_error(e)
-        log_request(request, entry.name, None, f"error {err.status}", clock)
+        log_request(request, entry.name, None, f"error {err.status}", clock, reason=err.message)
         raise err from e
     if isinstance(first, Outcome) and first.load_only:
         return framing.whole([], first)
@@ -183,7 +183,7 @@ async def _whole(request: web.Request, entry: PairEntry, framing: Framing, event
         return await _gone(request, entry, events, clock, stop, task)
     except Exception as e:
         err = api_error(e)
-        log_request(request, entry.name, None, f"error {err.status}", clock)
+        log_request(request, entry.name, None, f"error {err.status}", clock, reason=err.message)
         raise err from e
     finally:
         task.cancel()  # a no-op once it is done; else (the handler itself was cancelled) it stops the generation
@@ -213,7 +213,7 @@ async def _stream(request: web.Request, entry: PairEntry, framing: Framing, even
         return resp
     except Exception as e:  # after the first byte: one last error chunk, no normal ending
         err = _failed_mid_stream(e)
-        log_request(request, entry.name, None, f"error {err.status}", clock)
+        log_request(request, entry.name, None, f"error {err.status}", clock, reason=err.message)
         await resp.write(framing.encode(framing.error(err.message)))
     await resp.write_eof()
     return resp
@@ -235,13 +235,14 @@ def _finished(request: web.Request, entry: PairEntry, o: Outcome, clock: metrics
 
 
 def log_request(request: web.Request, model: str | None, o: Outcome | None, status: str,
-                clock: metrics.TokenClock) -> None:
+                clock: metrics.TokenClock, reason: str | None = None) -> None:
     """The one summary line per generation request, whatever its end: what it cost and whether
     speculation paid (ok, or aborted with the Outcome its abort ended it with), or how far it got
-    (aborted, error). The app's middleware writes it for the requests that never got here."""
+    (aborted, error, with the `reason` the client was told). The app's middleware writes it for
+    every other error answer, on any route."""
     request[LOGGED] = True  # type: ignore[index]
     if o is None:
-        requests_log.info("request", path=request.path, model=model, status=status,
+        requests_log.info("request", path=request.path, model=model, status=status, reason=reason,
                           pieces=len(clock.itl) + (clock.first is not None), seconds=round(clock.elapsed(), 3))
         return
     requests_log.info(
