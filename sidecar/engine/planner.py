@@ -383,6 +383,10 @@ class Plan:
                 self.probing.unanswered()
             return
         src = self.sources[rnd.source]
+        # What the round's tokens had cost stepping plain there, against what drafting and
+        # verifying them took (catch-up included): /metrics' speed-up over target-only.
+        plain = (accepted + 1) * self.cost.added(1, step) if plain_seconds is None else plain_seconds
+        self.tally.saved_seconds += plain - draft_seconds - verify_seconds
         self.learn(rnd.source, rnd.support, drafted, accepted)
         if not src.has_cost:
             self.tally.free_tokens += accepted + 1
@@ -394,7 +398,6 @@ class Plan:
         self.cost.observe_draft(drafted, draft, company)
         # A catch-up prefill is paid once, when drafting starts; whether to go on drafting must
         # not count it (it would stop drafting just as the investment starts to pay).
-        plain = (accepted + 1) * self.cost.added(1, step) if plain_seconds is None else plain_seconds
         self._judge(src.name, accepted + 1, draft + verify_seconds + (self.cost.t_switch if warm else 0.0), plain,
                     produced)
 

@@ -99,6 +99,7 @@ class Result:
     prompt_cached: int = 0  # prompt tokens whose KV was reused, not evaluated (prompt_tokens counts them too)
     shifts: int = 0  # context shifts during generation
     withdrawn: int = 0  # drafts shared steps took back (engine.fair), for the request's log line
+    saved_seconds: float = 0.0  # what drafting saved against plain steps, by the cost model (Tally)
 
 
 @dataclass
@@ -461,6 +462,7 @@ class Sequence:
         res.draft_rounds = tally.rounds
         res.accepted_per_pos = list(tally.accepted_per_pos)
         res.drafts_by_source = {name: (d, a) for name, (d, a) in tally.by_source.items()}
+        res.saved_seconds = tally.saved_seconds
         res.fallback = plan.fallback if self.drafter else None
         if self.learner is not None:
             self.learner.finish(self.prompt, res.tokens, done)

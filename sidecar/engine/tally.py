@@ -16,6 +16,9 @@ class Tally:
     accepted_per_pos: list[int] = field(default_factory=list)
     by_source: dict[str, list[int]] = field(default_factory=dict)  # name -> [drafted, accepted]
     free_tokens: int = 0  # tokens the free sources' rounds produced (drafts held, plus one)
+    # Seconds the drafted rounds saved against stepping their tokens plain, by the cost model's
+    # prices (negative: lost): with the decode time, the realised speed-up over target-only.
+    saved_seconds: float = 0.0
 
     def add(self, name: str, drafted: int, accepted: int) -> None:
         self.rounds += 1

@@ -9,6 +9,11 @@ speculative-decoding counters (`spec_decode_num_drafts`, `..._num_draft_tokens`,
                                / rate(sidecar_spec_decode_num_draft_tokens_total)
     mean acceptance length   1 + rate(..._num_accepted_tokens_total) / rate(..._num_drafts_total)
     per-position acceptance  rate(..._num_accepted_tokens_per_pos_total) / rate(..._num_drafts_total)
+    speed-up over plain      rate(sidecar_spec_decode_target_only_seconds_total)
+                               / rate(sidecar_decode_seconds_total)
+    rows per step (now)      rate(sidecar_batch_rows_total) / rate(sidecar_batch_steps_total)
+
+observability/grafana/sidecar.json graphs these (docs/grafana.md).
 
 Each app gets its own CollectorRegistry (never prometheus_client's global REGISTRY), so tests can
 build many apps in one process and a scrape shows exactly one daemon. The API and the runtime
@@ -37,7 +42,7 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
 PREFIX = "sidecar"
@@ -67,6 +72,8 @@ class GenerationResult(Protocol):
     accepted_per_pos: list[int]
     drafts_by_source: dict[str, tuple[int, int]]  # source name -> (drafted, accepted)
     fallback: str | None
+    eval_seconds: float
+    saved_seconds: float  # what drafting saved against plain steps, by the engine's cost model
 
 
 class _Bounded:
@@ -144,6 +151,10 @@ class _RuntimeCollector:
         withdrawn = GaugeMetricFamily(f"{PREFIX}_batch_withdrawn_drafts",
                                       "Drafts the pair's target's shared steps took back since it loaded: "
                                       "another stream in the step could not afford them.", labels=["model"])
+        rows = CounterMetricFamily(f"{PREFIX}_batch_rows", "Rows the pair's target's batched decodes held since it "
+                                   "loaded; over sidecar_batch_steps_total, the batch's width.", labels=["model"])
+        steps = CounterMetricFamily(f"{PREFIX}_batch_steps", "Batched decodes of the pair's target since it loaded.",
+                                    labels=["model"])
         together = GaugeMetricFamily(f"{PREFIX}_batch_joint_drafts",
                                      "Model drafts made in joint rounds of the pair's target's steps since it "
                                      "loaded: sequences that draft together where each alone would not.",
@@ -163,6 +174,8 @@ class _RuntimeCollector:
                 cached.add_metric([entry.name], float(st.cached_tokens))
                 withdrawn.add_metric([entry.name], float(st.withdrawn))
                 together.add_metric([entry.name], float(st.together))
+                rows.add_metric([entry.name], float(st.rows))
+                steps.add_metric([entry.name], float(st.steps))
             targets.add_metric([], float(len({id(lm) for _, lm in pairs})))
         else:
             queue.add_metric([], 0.0)
@@ -175,6 +188,8 @@ class _RuntimeCollector:
         yield cached
         yield withdrawn
         yield together
+        yield rows
+        yield steps
 
 
 class Metrics:
@@ -210,6 +225,14 @@ class Metrics:
                                      registry=r)
         self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated.", ["model"],
                                          registry=r)
+        self.decode_seconds = Counter(f"{PREFIX}_decode_seconds",
+                                      "Seconds from the first generated token to the last (Ollama's eval_duration).",
+                                      ["model"], registry=r)
+        self.target_only_seconds = Counter(f"{PREFIX}_spec_decode_target_only_seconds",
+                                           "What the same tokens had taken stepping plain, by the engine's cost "
+                                           "model: decode seconds plus what drafting saved. Over "
+                                           "sidecar_decode_seconds_total, the realised speed-up.", ["model"],
+                                           registry=r)
         self.num_drafts = Counter(f"{PREFIX}_spec_decode_num_drafts", "Speculative rounds that drafted tokens.",
                                   ["model"], registry=r)
         self.num_draft_tokens = Counter(f"{PREFIX}_spec_decode_num_draft_tokens", "Tokens drafted.", ["model"],
@@ -268,6 +291,9 @@ class Metrics:
         self.prompt_tokens.labels(m).inc(result.prompt_tokens)
         self.prompt_cached.labels(m).inc(result.prompt_cached)
         self.generation_tokens.labels(m).inc(len(result.tokens))
+        self.decode_seconds.labels(m).inc(result.eval_seconds)
+        # A round that lost adds less than its time; the sum never goes below zero (a counter).
+        self.target_only_seconds.labels(m).inc(max(0.0, result.eval_seconds + result.saved_seconds))
         if result.draft_rounds:
             self.num_drafts.labels(m).inc(result.draft_rounds)
             self.num_draft_tokens.labels(m).inc(result.draft_tokens)

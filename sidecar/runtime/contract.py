@@ -123,6 +123,9 @@ class Outcome:
     prompt_truncated: int = 0  # prompt tokens dropped to fit the window
     shifts: int = 0  # context shifts during generation
     withdrawn: int = 0  # drafts shared steps took back, as another stream could not afford them
+    # Decode seconds drafting saved against stepping plain, by the engine's cost model (negative:
+    # lost; 0 where the engine cannot tell): eval_seconds + this is the target-only time.
+    saved_seconds: float = 0.0
     load_seconds: float = 0.0
     context: list[int] = field(default_factory=list)  # prompt plus output tokens (Ollama's `context`)
 

@@ -123,7 +123,7 @@ def _outcome(r: Result, context: list[int]) -> Outcome:
         eval_seconds=r.eval_seconds, draft_tokens=r.draft_tokens, draft_accepted_tokens=r.draft_accepted_tokens,
         draft_rounds=r.draft_rounds, accepted_per_pos=r.accepted_per_pos, drafts_by_source=r.drafts_by_source,
         fallback=r.fallback, drafter=r.drafter, prompt_truncated=r.prompt_truncated, shifts=r.shifts,
-        withdrawn=r.withdrawn, context=context,
+        withdrawn=r.withdrawn, saved_seconds=r.saved_seconds, context=context,
     )
 
 
