@@ -363,7 +363,15 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--probe", action="store_true",
                    help="measure agreement and predicted speed-up of each target's top 3 drafts (cached)")
     g.add_argument("--json", action="store_true", help="print the suggestions as JSON")
+    t = sub.add_parser("top", help="a live view of a running daemon: speculation, batching, queue, memory")
+    t.add_argument("--host", help="the daemon's address, in OLLAMA_HOST syntax (default: OLLAMA_HOST)")
+    t.add_argument("--once", action="store_true", help="print one frame and exit")
+    t.add_argument("--interval", type=float, default=1.0, help="seconds between reads (default 1)")
     args = parser.parse_args(argv)
+    if args.command == "top":  # no logging setup: the screen is its output
+        from sidecar.observability import top
+        return top.run(top.base_url(args.host or os.environ.get("OLLAMA_HOST"), parse_ollama_host), args.once,
+                       args.interval)
     setup_logging()
     if args.command == "serve":
         return cmd_serve(args)
