@@ -40,6 +40,7 @@ class FakeServed:
     busy: int = 0
     steps: int = 0
     rows: int = 0
+    tokens: int = 0
     cached_tokens: int = 0
     withdrawn: int = 0
     together: int = 0
@@ -89,7 +90,7 @@ async def scrape(client: TestClient, accept: str = "") -> dict[str, float]:
 
 def result(**kw: Any) -> Result:
     r = Result(tokens=list(range(10)), prompt_tokens=7, draft_tokens=12, draft_accepted_tokens=8,
-               draft_rounds=4, accepted_per_pos=[4, 3, 1], drafter="ngram")
+               draft_rounds=4, accepted_per_pos=[4, 3, 1], drafter="ngram", eval_seconds=0.5, saved_seconds=0.25)
     for k, v in kw.items():
         setattr(r, k, v)
     return r
@@ -110,7 +111,8 @@ async def test_requests_and_generation(aiohttp_client: Factory) -> None:
     metrics.observe_generation(app, "tiny:test",
                                result(fallback="slower than target-only: 41.0 vs 52.3 tok/s at acceptance 0.20"))
     metrics.observe_generation(app, "plain:test", result(draft_tokens=0, draft_accepted_tokens=0, draft_rounds=0,
-                                                         accepted_per_pos=[], fallback="short output: 3 < 8"))
+                                                         accepted_per_pos=[], fallback="short output: 3 < 8",
+                                                         saved_seconds=-0.75))
     metrics.observe_client_disconnect(app, "/api/chat", "tiny:test")
     s = await scrape(client)
 
@@ -125,6 +127,11 @@ async def test_requests_and_generation(aiohttp_client: Factory) -> None:
     assert s['sidecar_spec_decode_num_accepted_tokens_per_pos_total{model="tiny:test",position="2"}'] == 2
     assert s['sidecar_spec_decode_fallbacks_total{model="tiny:test",reason="slower_than_target_only"}'] == 1
     assert s['sidecar_spec_decode_fallbacks_total{model="plain:test",reason="short_output"}'] == 1
+    # The speed-up's two sides: 2 x 0.5 s decoded that had taken 2 x 0.75 s stepping plain; a loss
+    # larger than the decode time adds nothing (a counter never falls).
+    assert s['sidecar_decode_seconds_total{model="tiny:test"}'] == pytest.approx(1.0)
+    assert s['sidecar_spec_decode_target_only_seconds_total{model="tiny:test"}'] == pytest.approx(1.5)
+    assert s['sidecar_spec_decode_target_only_seconds_total{model="plain:test"}'] == 0
     assert 'sidecar_spec_decode_num_drafts_total{model="plain:test"}' not in s
     assert s['sidecar_time_to_first_token_seconds_count{model="tiny:test"}'] == 1
     assert s['sidecar_time_to_first_token_seconds_bucket{le="0.25",model="tiny:test"}'] == 1
@@ -146,7 +153,7 @@ async def test_models_config_upstream(aiohttp_client: Factory) -> None:
     assert s['sidecar_config_reloads_total{result="failure"}'] == 0
 
     # Two pairs riding on one target.
-    shared = FakeServed(busy=2, steps=10, rows=35, cached_tokens=900, withdrawn=4, together=6)
+    shared = FakeServed(busy=2, steps=10, rows=35, tokens=40, cached_tokens=900, withdrawn=4, together=6)
     rt.pending = 3  # the two running on it, and one waiting
     rt.loaded = [(FakeEntry("a:1"), shared), (FakeEntry("b:1"), shared), (FakeEntry("c:1"), FakeServed())]
     metrics.observe_model_load(app, "a:1", 2.0)
@@ -162,6 +169,8 @@ async def test_models_config_upstream(aiohttp_client: Factory) -> None:
     assert s['sidecar_model_loaded{model="b:1"}'] == 1
     assert s['sidecar_batch_sequences{model="a:1"}'] == 2
     assert s['sidecar_batch_rows_per_step{model="b:1"}'] == 3.5
+    assert (s['sidecar_batch_rows_total{model="a:1"}'], s['sidecar_batch_steps_total{model="a:1"}']) == (35, 10)
+    assert s['sidecar_batch_tokens_total{model="b:1"}'] == 40
     assert s['sidecar_prefix_cache_tokens{model="a:1"}'] == 900
     assert s['sidecar_batch_withdrawn_drafts{model="b:1"}'] == 4
     assert s['sidecar_batch_joint_drafts{model="b:1"}'] == 6

@@ -40,10 +40,10 @@ def render(old: Snapshot, new: Snapshot) -> str:
 
 
 def test_a_frame_shows_the_intervals_rates_per_pair_and_source() -> None:
-    old = snap(10.0, generation_tokens_total=100, decode_seconds_total=2, spec_decode_target_only_seconds_total=2,
+    old = snap(10.0, batch_tokens_total=100, decode_seconds_total=2, spec_decode_target_only_seconds_total=2,
                batch_rows_total=30, batch_steps_total=10, spec_decode_num_drafts_total=4,
                spec_decode_num_accepted_tokens_total=8, src_draft_ngram=10, src_accepted_ngram=8)
-    new = snap(12.0, generation_tokens_total=300, decode_seconds_total=4, spec_decode_target_only_seconds_total=7,
+    new = snap(12.0, batch_tokens_total=300, decode_seconds_total=4, spec_decode_target_only_seconds_total=7,
                batch_rows_total=90, batch_steps_total=20, spec_decode_num_drafts_total=14,
                spec_decode_num_accepted_tokens_total=38, src_draft_ngram=50, src_accepted_ngram=38,
                src_draft_suffix=20, src_accepted_suffix=20)
@@ -58,7 +58,7 @@ def test_a_frame_shows_the_intervals_rates_per_pair_and_source() -> None:
 
 
 def test_an_idle_interval_falls_back_to_the_totals() -> None:
-    both = {"generation_tokens_total": 300, "decode_seconds_total": 4, "spec_decode_target_only_seconds_total": 6,
+    both = {"batch_tokens_total": 300, "decode_seconds_total": 4, "spec_decode_target_only_seconds_total": 6,
             "spec_decode_num_drafts_total": 10, "spec_decode_num_accepted_tokens_total": 20,
             "src_draft_ngram": 40, "src_accepted_ngram": 30}
     row = next(line for line in render(snap(0, **both), snap(1, **both)).splitlines() if "smollm2:135m" in line)

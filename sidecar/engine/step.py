@@ -75,6 +75,7 @@ class Stats:
 
     steps: int = 0
     rows: int = 0  # rows decoded, over all steps
+    tokens: int = 0  # tokens the sequences emitted, over all steps (live, where a Result counts at the end)
     cached_tokens: int = 0  # prompt tokens reused from a stream's cache instead of prefilled
     copied_tokens: int = 0  # ... of which copied from another stream
     withdrawn: int = 0  # drafts a shared step took back: another stream could not afford them (engine.fair)
@@ -265,6 +266,7 @@ class StepLoop:
             try:
                 items = seq.take(lg, seconds, alone)
                 target.truncate(seq.kv_len, sid)
+                self.stats.tokens += len(seq.result.tokens) - before
             except BaseException as e:
                 out.append((seq, e))
                 self._leave(sid)

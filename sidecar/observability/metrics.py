@@ -155,6 +155,9 @@ class _RuntimeCollector:
                                    "loaded; over sidecar_batch_steps_total, the batch's width.", labels=["model"])
         steps = CounterMetricFamily(f"{PREFIX}_batch_steps", "Batched decodes of the pair's target since it loaded.",
                                     labels=["model"])
+        emitted = CounterMetricFamily(f"{PREFIX}_batch_tokens", "Tokens the pair's target's sequences emitted since "
+                                      "it loaded, counted step by step (generation_tokens counts a request at its "
+                                      "end); a target several pairs share counts for each.", labels=["model"])
         together = GaugeMetricFamily(f"{PREFIX}_batch_joint_drafts",
                                      "Model drafts made in joint rounds of the pair's target's steps since it "
                                      "loaded: sequences that draft together where each alone would not.",
@@ -176,6 +179,7 @@ class _RuntimeCollector:
                 together.add_metric([entry.name], float(st.together))
                 rows.add_metric([entry.name], float(st.rows))
                 steps.add_metric([entry.name], float(st.steps))
+                emitted.add_metric([entry.name], float(st.tokens))
             targets.add_metric([], float(len({id(lm) for _, lm in pairs})))
         else:
             queue.add_metric([], 0.0)
@@ -190,6 +194,7 @@ class _RuntimeCollector:
         yield together
         yield rows
         yield steps
+        yield emitted
 
 
 class Metrics:

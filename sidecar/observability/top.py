@@ -104,7 +104,7 @@ def frame(base: str, old: Snapshot, new: Snapshot) -> RenderableType:
         def delta(metric: str, _name: str = name) -> float:
             return new.value(metric, model=_name) - old.value(metric, model=_name)
 
-        tok_s = delta("sidecar_generation_tokens_total") / dt
+        tok_s = delta("sidecar_batch_tokens_total") / dt  # live: finished requests count only at their end
         decode = delta("sidecar_decode_seconds_total")
         speedup = _ratio(delta("sidecar_spec_decode_target_only_seconds_total"), decode)
         if speedup is None:  # nothing finished in the interval: since the daemon started

@@ -180,6 +180,7 @@ class ModelStatus:
     busy: int = 0  # sequences running in its batch right now
     steps: int = 0  # batched decodes so far
     rows: int = 0  # rows those decodes held (rows / steps: the batch's mean width)
+    tokens: int = 0  # tokens its sequences emitted so far, counted as they come (sidecar top's tok/s)
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of prefilled
     withdrawn: int = 0  # drafts its shared steps took back, as another stream could not afford them
     together: int = 0  # model drafts made in its steps' joint rounds (engine.together)

@@ -90,8 +90,8 @@ class Loaded:
         stats, loop = self.loop.stats, self.loop
         return ModelStatus(str(self.weights.path), self.n_ctx, self.ctx.n_seq, tuple(sorted(self.pairs)),
                            self.weights.gpu_layers, self.curve, busy=len(loop.running), steps=stats.steps,
-                           rows=stats.rows, cached_tokens=stats.cached_tokens, withdrawn=stats.withdrawn,
-                           together=stats.together)
+                           rows=stats.rows, tokens=stats.tokens, cached_tokens=stats.cached_tokens,
+                           withdrawn=stats.withdrawn, together=stats.together)
 
 
 def vocabulary(weights: Weights) -> Vocabulary:
