@@ -23,7 +23,7 @@ from sidecar.engine.adaptive import CostModel, SpeculativeConfig
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from sidecar.engine.hybrid import HybridDrafter
 from sidecar.engine.kernels import build_warnings
-from sidecar.engine.llama import Context, ContextParams, Weights, default_threads, system_info
+from sidecar.engine.llama import Context, ContextParams, Weights, default_threads, gpu_offload_supported, system_info
 from sidecar.engine.seqview import SeqView
 from sidecar.engine.step import StepLoop
 from sidecar.engine.suffix import SuffixDrafter
@@ -34,6 +34,8 @@ from sidecar.runtime.llamacpp.caches import SuffixCaches
 from sidecar.runtime.llamacpp.curves import CurveCache, curve_key
 from sidecar.runtime.llamacpp.registry import WeightsRegistry
 from sidecar.runtime.llamacpp.worker import Batcher
+from sidecar.runtime.memory import ram_available
+from sidecar.runtime.room import detect_gpus, plan_entry
 
 log = logging.getLogger("sidecar.runtime")
 
@@ -116,7 +118,7 @@ def load_target(registry: WeightsRegistry, entry: PairEntry, n_ctx: int, n_seq: 
     rt = entry.config.runtime
     log.info("loading %s for %s (num_ctx %d, %d sequence%s)", entry.target.path.name, entry.name, n_ctx, n_seq,
              "" if n_seq == 1 else "s at once")
-    weights = registry.acquire(entry.target.path, rt.num_gpu, role="target")
+    weights = registry.acquire(entry.target.path, _gpu_layers(entry, n_ctx, n_seq, "target"), role="target")
     try:
         ctx = Context(weights, ContextParams(
             n_ctx=n_ctx, n_batch=min(rt.num_batch, n_ctx), n_threads=rt.num_thread, flash_attn=rt.flash,
@@ -139,7 +141,7 @@ async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded, cac
     spec = entry.config.speculative.engine(ngram=ngram is not None)
     draft_w: Weights | None = None
     if d is not None and entry.draft is not None:
-        draft_w = await asyncio.to_thread(_acquire_draft, registry, entry.draft.path, d, lm)
+        draft_w = await asyncio.to_thread(_acquire_draft, registry, entry.draft.path, d, lm, entry)
     suffix = await asyncio.to_thread(caches.for_pair, entry, lm.weights) if ngram is not None else None
     n_seq = lm.ctx.n_seq
 
@@ -178,8 +180,20 @@ async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded, cac
         raise
 
 
-def _acquire_draft(registry: WeightsRegistry, path: Path, d: ModelDraft, lm: Loaded) -> Weights:
-    draft_w = registry.acquire(path, d.num_gpu, role="draft")
+def _gpu_layers(entry: PairEntry, n_ctx: int, n_seq: int, role: str) -> int:
+    """The layers to offload: the pair's num_gpu where set, else the memory plan's (runtime.memory:
+    the draft wholly first, then the target's layers that fit), else all (-1) without a GPU backend."""
+    d = entry.model_draft
+    want = entry.config.runtime.num_gpu if role == "target" else d.num_gpu if d is not None else 0
+    if want >= 0 or not gpu_offload_supported():
+        return want
+    plan = plan_entry(entry, n_ctx, n_seq, detect_gpus(), ram_available())
+    placed = None if plan is None else plan.target if role == "target" else plan.draft
+    return want if placed is None else placed.gpu_layers
+
+
+def _acquire_draft(registry: WeightsRegistry, path: Path, d: ModelDraft, lm: Loaded, entry: PairEntry) -> Weights:
+    draft_w = registry.acquire(path, _gpu_layers(entry, lm.n_ctx, lm.ctx.n_seq, "draft"), role="draft")
     try:
         check_pair(lm.weights, draft_w)
     except Exception:
