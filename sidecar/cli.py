@@ -240,8 +240,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         status = "; ".join([status, *([entry.chosen] if entry.chosen else []), *resolve_format(entry).notes])
         rows.append((name, str(entry.target.path), str(entry.draft.path) if entry.draft else
                      entry.draft_label or "none", status))
-    fits, memory = _memory_plans(prepared.entries, args.gpu_memory, args.json)
-    if args.json:
+    as_json = getattr(args, "json", False)  # a Namespace made by hand (a script, a test) may lack them
+    fits, memory = _memory_plans(prepared.entries, getattr(args, "gpu_memory", None), as_json)
+    if as_json:
         print(memory)
         return 0 if ok and fits else 1
     widths = [max(len(r[i]) for r in rows) for i in range(3)]

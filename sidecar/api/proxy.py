@@ -29,13 +29,12 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from yarl import URL
 
-from sidecar.api.pairs import RUNTIME, runtime_of
+from sidecar.api.pairs import runtime_of
 from sidecar.api.wire import ApiError, ClientGone, error_for, while_connected
 from sidecar.config.entries import PairEntry
 from sidecar.config.schema import UpstreamKind
 from sidecar.models.resolve import ModelNotFound, is_ollama_name, parse_ollama_name
 from sidecar.observability import metrics
-from sidecar.runtime.room import Resident, pinned
 
 log = logging.getLogger("sidecar.api.proxy")
 
@@ -101,6 +100,19 @@ class Upstream:
         self._session: aiohttp.ClientSession | None = None
         self._detected: Literal["ollama", "lmstudio"] | None = None
         self._detect_lock = asyncio.Lock()
+        self.running: Counter[str] = Counter()  # requests forwarded and not answered, per model
+
+    @contextmanager
+    def forwarding(self, name: str) -> Iterator[None]:
+        """Count a request forwarded for the model while it runs (Ollama's /api/ps cannot tell)."""
+        key = tagged(name)
+        self.running[key] += 1
+        try:
+            yield
+        finally:
+            self.running[key] -= 1
+            if self.running[key] <= 0:
+                del self.running[key]
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -249,6 +261,12 @@ class Upstream:
         return resp
 
 
+def tagged(name: str) -> str:
+    """An Ollama name with its tag (`llama3` is `llama3:latest`), lowercased, for counting."""
+    name = name.strip().lower()
+    return name if ":" in name.rsplit("/", 1)[-1] else name + ":latest"
+
+
 def _json(raw: bytes) -> dict[str, Any]:
     """The body's object for routing, or {} (the handler, or the upstream, answers a bad body)."""
     try:
@@ -272,90 +290,11 @@ def _error_kind(e: BaseException) -> str:
 UPSTREAM = web.AppKey("sidecar_upstream", Upstream)
 
 
-class Neighbour:
-    """The upstream Ollama as the runtime's room-making sees it (runtime.room.Neighbour): its idle
-    models from /api/ps, and unloading one with `keep_alive: 0`, as `ollama stop` does.
-
-    Ollama's /api/ps says nothing of requests in flight, so the requests this daemon forwards are
-    counted per model here: one with a request running through the daemon is busy and is kept."""
-
-    def __init__(self, upstream: Upstream) -> None:
-        self.upstream = upstream
-        self.running: Counter[str] = Counter()
-
-    @contextmanager
-    def forwarding(self, name: str) -> Iterator[None]:
-        key = _tagged(name)
-        self.running[key] += 1
-        try:
-            yield
-        finally:
-            self.running[key] -= 1
-            if self.running[key] <= 0:
-                del self.running[key]
-
-    async def idle_models(self) -> list[Resident]:
-        """Loaded upstream models with no request running through the daemon and not pinned
-        (negative keep_alive), soonest expiry (least recently used) first."""
-        up = self.upstream
-        if await up.flavour() != "ollama":
-            return []
-        try:
-            timeout = aiohttp.ClientTimeout(total=LIST_TIMEOUT, connect=up.connect_timeout)
-            async with up.session().get(up.url + "/api/ps", timeout=timeout, headers={VIA: up.ident}) as r:
-                listing = json.loads(await r.read()) if r.status == 200 else {}
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
-            log.warning("upstream %s/api/ps: %s; evicting nothing there", up.url, e)
-            return []
-        models = listing.get("models") if isinstance(listing, dict) else None
-        out: list[tuple[str, Resident]] = []
-        for m in models if isinstance(models, list) else []:
-            if not isinstance(m, dict):
-                continue
-            name = str(m.get("model") or m.get("name") or "")
-            expires = str(m.get("expires_at") or "")
-            if not name or self.running.get(_tagged(name)) or pinned(expires):
-                if name:
-                    log.info("upstream model %s is %s: not unloading it", name,
-                             "serving a request" if self.running.get(_tagged(name)) else "kept forever")
-                continue
-            out.append((expires, Resident(name, _int(m.get("size")), _int(m.get("size_vram")))))
-        return [r for _, r in sorted(out, key=lambda x: x[0])]
-
-    async def unload(self, name: str) -> None:
-        up = self.upstream
-        try:
-            async with up.session().post(up.url + "/api/generate", json={"model": name, "keep_alive": 0},
-                                         headers={VIA: up.ident}) as r:
-                await r.read()
-                if r.status != 200:
-                    log.warning("upstream %s would not unload %s: HTTP %d", up.url, name, r.status)
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            log.warning("upstream %s could not be asked to unload %s: %s", up.url, name, e)
-
-
-def _tagged(name: str) -> str:
-    """An Ollama name with its tag (`llama3` is `llama3:latest`), lowercased, for counting."""
-    name = name.strip().lower()
-    return name if ":" in name.rsplit("/", 1)[-1] else name + ":latest"
-
-
-def _int(v: Any) -> int:
-    return v if isinstance(v, int) and v >= 0 else 0
-
-
-NEIGHBOUR = web.AppKey("sidecar_neighbour", Neighbour)
-
-
 def setup(app: web.Application, url: str | None, kind: UpstreamKind = "auto") -> None:
     if not url:
         return
     upstream = Upstream(url, kind)
     app[UPSTREAM] = upstream
-    neighbour = Neighbour(upstream)
-    app[NEIGHBOUR] = neighbour
-    if RUNTIME in app:
-        app[RUNTIME].neighbour = neighbour
 
     async def close(_: web.Application) -> None:
         await upstream.close()
@@ -401,10 +340,7 @@ def pair_or_forward(handler: Handler, *keys: str) -> Handler:
             return await handler(request)
         if not request.path.startswith("/v1/") and await up.flavour() == "lmstudio":
             raise up.lmstudio_error(name)
-        neighbour = request.app.get(NEIGHBOUR)
-        if neighbour is None:
-            return await up.forward(request, raw)
-        with neighbour.forwarding(name):  # busy upstream: never unloaded to make room (runtime.room)
+        with up.forwarding(name):  # busy upstream: never unloaded to make room (api.neighbour)
             return await up.forward(request, raw)
 
     route.__name__ = route.__qualname__ = getattr(handler, "__name__", "route")
