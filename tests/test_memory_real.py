@@ -55,7 +55,7 @@ def gemma270m(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(gemma.assemble(tmp_path_factory.mktemp("gemma") / gemma.MODEL_NAME))
 
 
-@pytest.mark.parametrize(("n_ctx", "n_seq"), [(4096, 1), (2048, 2), (256, 1)])
+@pytest.mark.parametrize(("n_ctx", "n_seq"), [(4096, 1), (2048, 2), (256, 1), (8192, 1), (4096, 4)])
 @pytest.mark.parametrize("model", ["smollm2", "gemma270m"])
 def test_plan_within_5_percent_of_llama_cpp(model: str, n_ctx: int, n_seq: int, request: pytest.FixtureRequest) -> None:
     path: Path = request.getfixturevalue(model)
