@@ -264,3 +264,37 @@ async def test_own_idle_targets_go_first_least_recently_used(tmp_path: Path, mon
         assert held == {"m0.gguf", "m2.gguf"}
     finally:
         await rt.unload_all()
+
+
+async def test_unset_num_gpu_offloads_what_the_plan_places(monkeypatch: pytest.MonkeyPatch,
+                                                           tiny_pair: tuple[Path, Path]) -> None:
+    """With a GPU (injected: this machine has none) and num_gpu unset, the draft is loaded with all
+    its layers and the target with the layers that fit beside it, as planned before the target
+    took its room."""
+    from sidecar.runtime.llamacpp import loading
+    from sidecar.runtime.memory import FIT_MARGIN, Device
+    from sidecar.runtime.room import plan_entry
+
+    entry = build_entry("p:test", Pair.model_validate({
+        "from": str(tiny_pair[0]), "draft": str(tiny_pair[1]), "runtime": {"num_thread": 1},
+        "parameters": {"num_ctx": 256}}))
+    whole = plan_entry(entry, 256, 1, [Device("GPU0", 64 * GIB, 64 * GIB)], 1 << 40, overhead=0)
+    assert whole is not None and whole.draft is not None
+    t = whole.target
+    room = FIT_MARGIN + whole.draft.vram + t.compute_gpu + (t.vram - t.compute_gpu) // 2  # half the layers
+    gpus = [Device("GPU0", room, room)]
+    plan = plan_entry(entry, 256, 1, gpus, 1 << 40, overhead=0)
+    assert plan is not None and plan.draft is not None
+    assert plan.draft.gpu_layers == plan.draft.layers and 0 < plan.target.gpu_layers < plan.target.layers
+    monkeypatch.setattr(loading, "gpu_offload_supported", lambda: True)
+    monkeypatch.setattr(loading, "detect_gpus", lambda: gpus)
+    monkeypatch.delenv("OLLAMA_GPU_OVERHEAD", raising=False)
+    engine = LlamaEngine()
+    lm = await engine.load(entry, 256, 1)
+    try:
+        await engine.add_pair(lm, entry)
+        asked = {Path(w["path"]).name: w["num_gpu"] for w in engine.weights.snapshot()}
+        assert asked == {tiny_pair[0].name: plan.target.gpu_layers, tiny_pair[1].name: plan.draft.gpu_layers}
+    finally:
+        engine.unload(lm)
+        await engine.join(lm, 10)

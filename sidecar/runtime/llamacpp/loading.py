@@ -34,7 +34,7 @@ from sidecar.runtime.llamacpp.caches import SuffixCaches
 from sidecar.runtime.llamacpp.curves import CurveCache, curve_key
 from sidecar.runtime.llamacpp.registry import WeightsRegistry
 from sidecar.runtime.llamacpp.worker import Batcher
-from sidecar.runtime.memory import ram_available
+from sidecar.runtime.memory import PairPlan, Placement, ram_available
 from sidecar.runtime.room import detect_gpus, plan_entry
 
 log = logging.getLogger("sidecar.runtime")
@@ -66,6 +66,7 @@ class Loaded:
     pairs: dict[str, PairEngine] = field(default_factory=dict)
     calibrated: CostModel | None = None
     curve: str | None = None  # where the verify curve came from: cached, measured, provisional
+    draft_layers: dict[str, int] = field(default_factory=dict)  # pair -> its draft's layers, planned with the target
 
     @property
     def n_ctx(self) -> int:
@@ -118,7 +119,9 @@ def load_target(registry: WeightsRegistry, entry: PairEntry, n_ctx: int, n_seq: 
     rt = entry.config.runtime
     log.info("loading %s for %s (num_ctx %d, %d sequence%s)", entry.target.path.name, entry.name, n_ctx, n_seq,
              "" if n_seq == 1 else "s at once")
-    weights = registry.acquire(entry.target.path, _gpu_layers(entry, n_ctx, n_seq, "target"), role="target")
+    # Planned once, before the target takes its room: the draft's layers were counted first.
+    plan = _plan(entry, n_ctx, n_seq)
+    weights = registry.acquire(entry.target.path, _layers(rt.num_gpu, plan.target if plan else None), role="target")
     try:
         ctx = Context(weights, ContextParams(
             n_ctx=n_ctx, n_batch=min(rt.num_batch, n_ctx), n_threads=rt.num_thread, flash_attn=rt.flash,
@@ -128,7 +131,10 @@ def load_target(registry: WeightsRegistry, entry: PairEntry, n_ctx: int, n_seq: 
         registry.release(weights)
         raise
     loop = StepLoop(ctx)
-    return Loaded(weights, ctx, loop, Batcher(entry.name, loop))
+    lm = Loaded(weights, ctx, loop, Batcher(entry.name, loop))
+    if plan is not None and plan.draft is not None:
+        lm.draft_layers[entry.name] = plan.draft.gpu_layers
+    return lm
 
 
 async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded, caches: SuffixCaches,
@@ -180,20 +186,27 @@ async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded, cac
         raise
 
 
-def _gpu_layers(entry: PairEntry, n_ctx: int, n_seq: int, role: str) -> int:
-    """The layers to offload: the pair's num_gpu where set, else the memory plan's (runtime.memory:
-    the draft wholly first, then the target's layers that fit), else all (-1) without a GPU backend."""
+def _plan(entry: PairEntry, n_ctx: int, n_seq: int) -> PairPlan | None:
+    """The pair's memory plan on the GPUs as they are now, where there are GPUs and a layer count
+    is left to it (num_gpu -1); None otherwise."""
     d = entry.model_draft
-    want = entry.config.runtime.num_gpu if role == "target" else d.num_gpu if d is not None else 0
-    if want >= 0 or not gpu_offload_supported():
-        return want
-    plan = plan_entry(entry, n_ctx, n_seq, detect_gpus(), ram_available())
-    placed = None if plan is None else plan.target if role == "target" else plan.draft
-    return want if placed is None else placed.gpu_layers
+    if not gpu_offload_supported() or (entry.config.runtime.num_gpu >= 0 and (d is None or d.num_gpu >= 0)):
+        return None
+    return plan_entry(entry, n_ctx, n_seq, detect_gpus(), ram_available())
+
+
+def _layers(want: int, placed: Placement | None) -> int:
+    """The layers to offload: the user's num_gpu where set, else the plan's, else -1 (all: a CPU
+    build offloads nothing anyway)."""
+    return want if want >= 0 or placed is None else placed.gpu_layers
 
 
 def _acquire_draft(registry: WeightsRegistry, path: Path, d: ModelDraft, lm: Loaded, entry: PairEntry) -> Weights:
-    draft_w = registry.acquire(path, _gpu_layers(entry, lm.n_ctx, lm.ctx.n_seq, "draft"), role="draft")
+    planned = lm.draft_layers.get(entry.name)
+    if planned is None and d.num_gpu < 0:  # a pair joining a loaded target: planned beside it now
+        plan = _plan(entry, lm.n_ctx, lm.ctx.n_seq)
+        planned = plan.draft.gpu_layers if plan is not None and plan.draft is not None else None
+    draft_w = registry.acquire(path, d.num_gpu if d.num_gpu >= 0 or planned is None else planned, role="draft")
     try:
         check_pair(lm.weights, draft_w)
     except Exception:
