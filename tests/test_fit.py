@@ -200,6 +200,8 @@ async def test_idle_upstream_models_are_unloaded_before_a_load_that_needs_room(
         assert r.status == 200, await r.text()
         assert ("ps", "") in stub.calls
         assert ("unload", "idle:latest") in stub.calls
+        unloaded = stub.calls.index(("unload", "idle:latest"))
+        assert ("ps", "") in stub.calls[unloaded:]  # the load waited until the upstream had dropped it
         assert ("unload", "busy:latest") not in stub.calls  # serving a request through the daemon
         assert ("unload", "pinned:latest") not in stub.calls  # its idle neighbour made room first
         stub.release.set()

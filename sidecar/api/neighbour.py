@@ -7,6 +7,7 @@ unloaded. Ollama's /api/ps has no busy flag, so the requests the daemon forwards
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -19,6 +20,8 @@ from sidecar.api.proxy import LIST_TIMEOUT, UPSTREAM, VIA, Upstream, tagged
 from sidecar.runtime.room import Resident, pinned
 
 log = logging.getLogger("sidecar.api")
+
+UNLOAD_WAIT = 10.0  # seconds to wait for the upstream to drop a model it was asked to unload
 
 
 class Neighbour:
@@ -37,18 +40,8 @@ class Neighbour:
         up = self.upstream
         if await up.flavour() != "ollama":
             return []
-        try:
-            timeout = aiohttp.ClientTimeout(total=LIST_TIMEOUT, connect=up.connect_timeout)
-            async with up.session().get(up.url + "/api/ps", timeout=timeout, headers={VIA: up.ident}) as r:
-                listing = json.loads(await r.read()) if r.status == 200 else {}
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
-            log.warning("upstream %s/api/ps: %s; evicting nothing there", up.url, e)
-            return []
-        models = listing.get("models") if isinstance(listing, dict) else None
         out: list[tuple[str, Resident]] = []
-        for m in models if isinstance(models, list) else []:
-            if not isinstance(m, dict):
-                continue
+        for m in await self._ps():
             name = str(m.get("model") or m.get("name") or "")
             expires = str(m.get("expires_at") or "")
             if not name or up.running.get(tagged(name)) or pinned(expires):
@@ -60,6 +53,9 @@ class Neighbour:
         return [r for _, r in sorted(out, key=lambda x: x[0])]
 
     async def unload(self, name: str) -> None:
+        """Ask for the unload, then wait (up to UNLOAD_WAIT) until /api/ps no longer lists the
+        model: Ollama answers at once and stops the runner after, and the load that follows
+        measures the GPUs' free memory."""
         up = self.upstream
         try:
             async with up.session().post(up.url + "/api/generate", json={"model": name, "keep_alive": 0},
@@ -67,14 +63,36 @@ class Neighbour:
                 await r.read()
                 if r.status != 200:
                     log.warning("upstream %s would not unload %s: HTTP %d", up.url, name, r.status)
+                    return
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             log.warning("upstream %s could not be asked to unload %s: %s", up.url, name, e)
+            return
+        deadline = asyncio.get_running_loop().time() + UNLOAD_WAIT
+        while asyncio.get_running_loop().time() < deadline:
+            if tagged(name) not in {tagged(n) for n in await self._listed()}:
+                return
+            await asyncio.sleep(0.25)
+        log.warning("upstream %s still lists %s %.0fs after unloading it", up.url, name, UNLOAD_WAIT)
+
+    async def _listed(self) -> list[str]:
+        return [str(m.get("model") or m.get("name") or "") for m in await self._ps()]
+
+    async def _ps(self) -> list[dict[str, Any]]:
+        """The models /api/ps lists now; [] (logged) when it cannot be read."""
+        up = self.upstream
+        try:
+            timeout = aiohttp.ClientTimeout(total=LIST_TIMEOUT, connect=up.connect_timeout)
+            async with up.session().get(up.url + "/api/ps", timeout=timeout, headers={VIA: up.ident}) as r:
+                listing = json.loads(await r.read()) if r.status == 200 else {}
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
+            log.warning("upstream %s/api/ps: %s", up.url, e)
+            return []
+        models = listing.get("models") if isinstance(listing, dict) else None
+        return [m for m in models if isinstance(m, dict)] if isinstance(models, list) else []
 
 
 def _int(v: Any) -> int:
     return v if isinstance(v, int) and v >= 0 else 0
-
-
 
 
 def setup(app: web.Application) -> None:

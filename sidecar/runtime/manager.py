@@ -209,6 +209,7 @@ class Runtime:
             log.info("evicting idle %s (%s) %s for %s", Path(victim.model.status().target).name,
                      human(victim.plan.total) if victim.plan else "size unknown", why, entry.name)
             self._unload(victim)
+            await self.engine.join(victim.model, 30)  # idle: its thread frees it at once; the load measures after
             if victim.plan is not None:
                 credit.vram += victim.plan.vram
                 credit.ram += victim.plan.ram
