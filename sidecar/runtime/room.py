@@ -145,7 +145,8 @@ def describe(plan: PairPlan) -> str:
     parts = []
     for role, p in (("target", plan.target), ("draft", plan.draft)):
         if p is not None:
-            parts.append(f"{role} {p.gpu_layers}/{p.layers} layers on GPU ({human(p.vram)} VRAM, {human(p.ram)} RAM)")
+            parts.append(f"{role} {p.gpu_layers}/{p.layers} layers on GPU ({human(p.vram)} VRAM, {human(p.ram)} RAM)"
+                         + (f": {p.note}" if p.note else ""))
     return "; ".join(parts)
 
 
