@@ -189,7 +189,11 @@ class Runtime:
             g, r = credit.apply(gpus, ram)
             return plan_entry(entry, n_ctx, parallel, g, r)
 
-        plan = await asyncio.to_thread(replan)
+        try:
+            plan = await asyncio.to_thread(replan)
+        except (OSError, ValueError) as e:  # a header the plan cannot read: llama.cpp's load says more
+            log.warning("%s: no memory plan: %s", entry.name, e)
+            return None
         if plan is None:
             return None
         empty = plan_entry(entry, n_ctx, parallel, [replace(g, free=g.total) for g in gpus], ram) if gpus else plan
