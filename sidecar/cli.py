@@ -9,7 +9,6 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, get_args
 
 from sidecar import __version__
@@ -241,17 +240,24 @@ def cmd_check(args: argparse.Namespace) -> int:
         status = "; ".join([status, *([entry.chosen] if entry.chosen else []), *resolve_format(entry).notes])
         rows.append((name, str(entry.target.path), str(entry.draft.path) if entry.draft else
                      entry.draft_label or "none", status))
+    as_json = getattr(args, "json", False)  # a Namespace made by hand (a script, a test) may lack them
+    fits, memory = _memory_plans(prepared.entries, getattr(args, "gpu_memory", None), as_json)
+    if as_json:
+        print(memory)
+        return 0 if ok and fits else 1
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=False)) + "  " + r[3])
-    _print_backend([e for e in prepared.entries.values() if e.config.engine == "llama.cpp"])
+    _print_backend()
+    print(memory)
+    ok = ok and fits
     _print_vllm([e for e in prepared.entries.values() if e.config.engine == "vllm"])
     print(f"{path}: {'ok' if ok else 'problems found'}")
     return 0 if ok else 1
 
 
-def _print_backend(entries: Iterable[PairEntry]) -> None:
-    """The backend this build runs on, and where each target's layers will sit."""
+def _print_backend() -> None:
+    """The backend this build runs on (where the layers go: the memory plan below it)."""
     from sidecar.engine.kernels import build_warnings
     from sidecar.engine.llama import gpu_offload_supported, system_info
 
@@ -261,11 +267,30 @@ def _print_backend(entries: Iterable[PairEntry]) -> None:
     print(f"llama.cpp backend: {' + '.join(names) or 'CPU'} ({'GPU offload' if gpu else 'CPU only'})")
     for warning in build_warnings(system_info()):
         print(f"  warning: {warning}")
-    for e in entries:
-        n = int(e.metadata.get(f"{e.metadata.get('general.architecture', '')}.block_count", 0) or 0) + 1
-        want = e.config.runtime.num_gpu
-        on_gpu = min(n, n if want < 0 else want) if gpu else 0
-        print(f"  {e.name}: {on_gpu} of {n} layers on the GPU")
+
+
+def _memory_plans(entries: dict[str, PairEntry], gpu_memory: str | None, as_json: bool) -> tuple[bool, str]:
+    """Each pair's memory plan (runtime.memory) on this machine's GPUs, or on one GPU of
+    `gpu_memory` bytes; whether all fit, and the report (text, or JSON per pair)."""
+    import json
+
+    from sidecar.runtime.memory import Device, parse_size, ram_available
+    from sidecar.runtime.room import detect_gpus, plan_entry, report
+
+    gpus = [Device("GPU0", parse_size(gpu_memory), parse_size(gpu_memory))] if gpu_memory else detect_gpus()
+    ram = ram_available()
+    plans = {}
+    for name, e in entries.items():
+        parallel = e.config.runtime.num_parallel or num_parallel_default()
+        try:
+            plans[name] = (e, plan_entry(e, e.num_ctx(None), parallel, gpus, ram))
+        except (OSError, ValueError) as err:  # an unreadable header: the rows above say more
+            log.warning("%s: no memory plan: %s", name, err)
+            plans[name] = (e, None)
+    fits = all(p is None or p.fits for _, p in plans.values())
+    if as_json:
+        return fits, json.dumps({name: p.to_json() if p else None for name, (_, p) in plans.items()}, indent=2)
+    return fits, report(plans, gpus, ram, " (--gpu-memory)" if gpu_memory else "")
 
 
 def _check_vllm(entry: PairEntry) -> str:
@@ -297,8 +322,8 @@ def _print_vllm(entries: list[PairEntry]) -> None:
 
 
 def _check_draft(entry: PairEntry) -> str:
-    """llama.cpp's draft/target vocabulary rules, on the real files (CPU only, memory-mapped), each
-    loaded with the kernels the daemon serves it with."""
+    """llama.cpp's draft/target vocabulary rules, on the real files' vocabularies (llama.cpp's
+    vocab-only load: a 70B target is checked in a second, whatever memory it would need)."""
     from sidecar.engine.llama import Weights
     from sidecar.pairing.rules import check_pair
 
@@ -306,7 +331,7 @@ def _check_draft(entry: PairEntry) -> str:
     loaded: list[Weights] = []
     try:
         for p in (entry.target.path, entry.draft.path):
-            loaded.append(Weights(p, n_gpu_layers=0))
+            loaded.append(Weights(p, n_gpu_layers=0, vocab_only=True))
         check_pair(*loaded)
         return "ok"
     except Exception as e:  # IncompatibleDraft, or llama.cpp cannot load one of them
@@ -358,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="do not watch the config file (SIGHUP still reloads it)")
     c = sub.add_parser("check", help="validate pairs.yaml, resolve models, check draft pairing")
     c.add_argument("--config")
+    c.add_argument("--gpu-memory", metavar="SIZE", help="plan each pair for one GPU of this size, e.g. 24GiB")
+    c.add_argument("--json", action="store_true", help="print each pair's memory plan as JSON")
     g = sub.add_parser("suggest", help="list which models can draft for which, and suggest pairs")
     g.add_argument("--config", help="pairs.yaml whose models: names the stores (default: as for serve)")
     g.add_argument("--probe", action="store_true",

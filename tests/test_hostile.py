@@ -172,7 +172,7 @@ def test_every_field_with_every_type(daemon: Daemon, path: str, body: dict[str, 
 
 ABSURD: list[tuple[dict[str, Any], int | None]] = [
     ({"num_ctx": 10**9}, 400),
-    ({"num_ctx": 0}, 200),  # Ollama accepts it; the window is raised to its minimum
+    ({"num_ctx": 0}, 200),  # Ollama accepts it: the default window
     ({"num_ctx": -1}, 400),
     ({"num_predict": -5}, 400),  # Ollama knows -1 (no limit) and -2 (fill the context); below is a 400
     ({"num_predict": -2}, 200),

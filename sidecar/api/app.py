@@ -7,7 +7,7 @@ import logging
 
 from aiohttp import web
 
-from sidecar.api import admin, guard, lifecycle, ollama, openai, proxy
+from sidecar.api import admin, guard, lifecycle, neighbour, ollama, openai, proxy
 from sidecar.api.pairs import RUNTIME, runtime_of
 from sidecar.api.respond import api_error, log_request, request_logged
 from sidecar.api.wire import ApiError, error_for
@@ -130,6 +130,7 @@ def create_app(runtime: Runtime, *, bind_host: str = "127.0.0.1", upstream: str 
     app[RUNTIME] = runtime
     metrics.setup(app, runtime)
     proxy.setup(app, upstream, upstream_kind)
+    neighbour.setup(app)
     r = app.router
     r.add_get("/", ollama.root)  # add_get answers HEAD too, as Ollama does
     r.add_get("/api/version", ollama.version)

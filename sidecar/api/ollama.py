@@ -122,7 +122,10 @@ async def ps(request: web.Request) -> web.Response:
         del item["modified_at"]
         forever = "2318-08-27T00:00:00.000000+00:00"  # what "never" looks like: a far-away time
         item["expires_at"] = local_time(s.expires_at) if s.expires_at is not None else forever
-        item["size_vram"] = item["size"] if s.gpu_layers else 0
+        if served.plan is not None:  # Ollama's size and size_vram: its load's memory (server/sched.go, MemorySize)
+            item["size"], item["size_vram"] = served.plan.total, served.plan.vram
+        else:
+            item["size_vram"] = item["size"] if s.gpu_layers else 0
         item["context_length"] = s.context_length
         # Not Ollama's: the batch the target decodes (README, Concurrency), under a key of its own.
         item["sidecar"] = {"parallel": s.parallel, "busy": s.busy,

@@ -19,7 +19,9 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, Literal, get_args
 
 import aiohttp
@@ -98,6 +100,19 @@ class Upstream:
         self._session: aiohttp.ClientSession | None = None
         self._detected: Literal["ollama", "lmstudio"] | None = None
         self._detect_lock = asyncio.Lock()
+        self.running: Counter[str] = Counter()  # requests forwarded and not answered, per model
+
+    @contextmanager
+    def forwarding(self, name: str) -> Iterator[None]:
+        """Count a request forwarded for the model while it runs (Ollama's /api/ps cannot tell)."""
+        key = tagged(name)
+        self.running[key] += 1
+        try:
+            yield
+        finally:
+            self.running[key] -= 1
+            if self.running[key] <= 0:
+                del self.running[key]
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -246,6 +261,12 @@ class Upstream:
         return resp
 
 
+def tagged(name: str) -> str:
+    """An Ollama name with its tag (`llama3` is `llama3:latest`), lowercased, for counting."""
+    name = name.strip().lower()
+    return name if ":" in name.rsplit("/", 1)[-1] else name + ":latest"
+
+
 def _json(raw: bytes) -> dict[str, Any]:
     """The body's object for routing, or {} (the handler, or the upstream, answers a bad body)."""
     try:
@@ -319,7 +340,8 @@ def pair_or_forward(handler: Handler, *keys: str) -> Handler:
             return await handler(request)
         if not request.path.startswith("/v1/") and await up.flavour() == "lmstudio":
             raise up.lmstudio_error(name)
-        return await up.forward(request, raw)
+        with up.forwarding(name):  # busy upstream: never unloaded to make room (api.neighbour)
+            return await up.forward(request, raw)
 
     route.__name__ = route.__qualname__ = getattr(handler, "__name__", "route")
     return route

@@ -18,7 +18,10 @@ from sidecar.models.gguf import read_metadata
 from sidecar.models.resolve import ResolvedModel, Stores, resolve
 
 DEFAULT_NUM_CTX = 4096
-MIN_NUM_CTX = 64
+# The smallest window a load makes: llama.cpp pads every stream to 256 cells anyway, so a smaller
+# num_ctx saves nothing, and below it n_batch (min(num_batch, num_ctx)) could not hold the cost
+# calibration's widest batch (n_max + 1 rows, up to 65): "batch of 65 exceeds n_batch 64".
+MIN_NUM_CTX = 256
 
 
 @dataclass
@@ -74,9 +77,10 @@ class PairEntry:
     def num_ctx(self, requested: int | None) -> int:
         """The context length a request gets: asked for, else the pair's, within the model's training.
 
-        Too small a window (0 included, which Ollama accepts) is raised to the minimum."""
+        0 means the default, as in Ollama (server/routes.go: `if opts.NumCtx == 0` takes the
+        server's default); too small a window is raised to the minimum (the runtime logs it)."""
         train = int(self.metadata.get(f"{self.metadata.get('general.architecture', '')}.context_length", 0) or 0)
-        n = requested if requested is not None else self.params.get("num_ctx") or DEFAULT_NUM_CTX
+        n = requested or self.params.get("num_ctx") or DEFAULT_NUM_CTX
         return max(MIN_NUM_CTX, min(n, train) if train else n)
 
 

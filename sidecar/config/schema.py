@@ -101,7 +101,7 @@ class Speculative(Strict):
 class LoadSettings(Strict):
     """Load-time settings of one model (Ollama's num_gpu, num_thread, num_batch, ...)."""
 
-    num_gpu: int = -1  # layers to offload; -1 = all, where llama.cpp was built with a GPU backend
+    num_gpu: int = -1  # layers to offload; -1 = what the memory plan fits (runtime.memory; docs/memory.md)
     num_thread: int = Field(0, ge=0)  # 0 = every CPU the process may use
     num_batch: int = Field(512, ge=16, le=8192)
     # None: on where the model's layers go to a GPU (no batch invariance to keep there, and prefill

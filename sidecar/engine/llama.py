@@ -99,10 +99,12 @@ class Weights:
     """One GGUF loaded once (mmap) and shared by every Context and pair that uses it. On the CPU a file
     whose `file_type` has repacked kernels that are not exact loads without them."""
 
-    def __init__(self, path: str | Path, *, n_gpu_layers: int = -1, use_mmap: bool = True) -> None:
+    def __init__(self, path: str | Path, *, n_gpu_layers: int = -1, use_mmap: bool = True,
+                 vocab_only: bool = False) -> None:
         _init_backend()
         self.path = Path(path)
         params = C.llama_model_default_params()
+        params.vocab_only = vocab_only  # the vocabulary and hyperparameters only: no tensor is touched
         params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
         params.use_extra_bufts = (n_gpu_layers != 0 and gpu_offload_supported()) or repack_is_exact(file_type(path))
         if not use_mmap:

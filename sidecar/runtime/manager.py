@@ -18,9 +18,10 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from sidecar.config.entries import Changes, PairEntry, same_engine, same_pair
+from sidecar.config.entries import MIN_NUM_CTX, Changes, PairEntry, same_engine, same_pair
 from sidecar.config.options import coerce
 from sidecar.engine.grammar import gbnf_for_format
 from sidecar.errors import Unavailable
@@ -28,7 +29,9 @@ from sidecar.runtime import generation, render
 from sidecar.runtime.contract import Delta, Engine, Job, Model, ModelStatus, Outcome
 from sidecar.runtime.format import PairFormat, resolve
 from sidecar.runtime.generation import ShuttingDown
+from sidecar.runtime.memory import Device, PairPlan, human, ram_available
 from sidecar.runtime.options import Effective, effective
+from sidecar.runtime.room import Credit, Neighbour, NoRoom, describe, detect_gpus, max_loaded, plan_entry
 
 log = logging.getLogger("sidecar.runtime")
 
@@ -51,6 +54,8 @@ class Served:
     # names a keep_alive sets it as it starts (useLoadedRunner), and one that names none leaves it.
     # `keep_alive: 0` with no prompt sets 0 (expireRunner): unloaded once its requests are done.
     keep_alive: float = 0.0
+    plan: PairPlan | None = None  # the memory plan it was loaded under (runtime.memory); None: not GGUF
+    used_at: float = field(default_factory=time.monotonic)  # last request's start: the LRU order of eviction
 
     def status(self) -> ModelStatus:
         return replace(self.model.status(), in_flight=self.in_flight, expires_at=self.expires_at)
@@ -75,6 +80,11 @@ class Runtime:
         self._pending = 0
         self.on_load: list[Callable[[str, float, bool], None]] = []  # (pair, seconds, ok), e.g. metrics
         self._reconcile_timer: asyncio.TimerHandle | None = None
+        # Making room (runtime.room): the devices and free RAM as the machine reports them, and the
+        # upstream Ollama whose idle models may be unloaded for a load (api.proxy sets it).
+        self.gpus: Callable[[], list[Device]] = detect_gpus
+        self.ram: Callable[[], int] = ram_available
+        self.neighbour: Neighbour | None = None
 
     # -- pairs ------------------------------------------------------------------------------
     def set_entries(self, entries: dict[str, PairEntry]) -> None:
@@ -130,6 +140,8 @@ class Runtime:
     async def _load(self, entry: PairEntry, num_ctx: int | None) -> tuple[Served, float]:
         key = self._key(entry)
         n_ctx = entry.num_ctx(num_ctx)
+        if num_ctx and num_ctx < n_ctx == MIN_NUM_CTX:
+            log.info("%s: num_ctx %d is too small to run; raised to %d", entry.name, num_ctx, n_ctx)
         lock = self._locks.setdefault(key, asyncio.Lock())
         t0 = time.perf_counter()
         async with lock:
@@ -142,8 +154,9 @@ class Runtime:
             try:
                 if served is None:
                     loaded = True
+                    plan = await self._make_room(entry, n_ctx, key)
                     served = Served(key, await self.engine.load(entry, n_ctx, self.parallel(entry)),
-                                    keep_alive=self.keep_alive)
+                                    keep_alive=self.keep_alive, plan=plan)
                     self._loaded[key] = served
                 if not self._has_engine(served.model, entry):
                     loaded = True
@@ -158,6 +171,68 @@ class Runtime:
             if loaded:
                 self._report_load(entry.name, time.perf_counter() - t0, True)
         return served, time.perf_counter() - t0
+
+    async def _make_room(self, entry: PairEntry, n_ctx: int, key: str) -> PairPlan | None:
+        """The pair's memory plan, after evicting what it needs: the daemon's own idle targets
+        (least recently used first, as Ollama's findRunnerToUnload), then the upstream's idle
+        models. A load wants room when its plan does not fit, when it would put fewer layers on the
+        GPUs than empty GPUs take, or when OLLAMA_MAX_LOADED_MODELS targets are loaded. Raises
+        NoRoom, in Ollama's words, when the plan cannot fit even then."""
+        if entry.config.engine != "llama.cpp":
+            return None
+        gpus = await asyncio.to_thread(self.gpus)
+        ram = self.ram()
+        credit = Credit()
+        parallel = self.parallel(entry)
+
+        def replan() -> PairPlan | None:
+            g, r = credit.apply(gpus, ram)
+            return plan_entry(entry, n_ctx, parallel, g, r)
+
+        try:
+            plan = await asyncio.to_thread(replan)
+        except (OSError, ValueError) as e:  # a header the plan cannot read: llama.cpp's load says more
+            log.warning("%s: no memory plan: %s", entry.name, e)
+            return None
+        if plan is None:
+            return None
+        empty = plan_entry(entry, n_ctx, parallel, [replace(g, free=g.total) for g in gpus], ram) if gpus else plan
+        best = empty.target.gpu_layers if empty is not None else 0
+        limit = max_loaded(len(gpus))
+
+        def short(p: PairPlan) -> bool:
+            return not p.fits or p.target.gpu_layers < best
+
+        for victim in sorted(self._loaded.values(), key=lambda s: s.used_at):
+            crowded = len(self._loaded) >= limit
+            if not (short(plan) or crowded):
+                break
+            if victim.key == key or victim.in_flight or self._loading(victim):
+                continue
+            why = f"OLLAMA_MAX_LOADED_MODELS={limit}" if crowded and not short(plan) else "to make room"
+            log.info("evicting idle %s (%s) %s for %s", Path(victim.model.status().target).name,
+                     human(victim.plan.total) if victim.plan else "size unknown", why, entry.name)
+            self._unload(victim)
+            await self.engine.join(victim.model, 30)  # idle: its thread frees it at once; the load measures after
+            if victim.plan is not None:
+                credit.vram += victim.plan.vram
+                credit.ram += victim.plan.ram
+            plan = replan() or plan
+        if short(plan) and self.neighbour is not None:
+            for r in await self.neighbour.idle_models():
+                log.info("asking the upstream to unload its idle %s (%s, %s on GPUs) to make room for %s",
+                         r.name, human(r.size), human(r.size_vram), entry.name)
+                await self.neighbour.unload(r.name)
+                credit.vram += r.size_vram
+                credit.ram += max(0, r.size - r.size_vram)
+                plan = replan() or plan
+                if not short(plan):
+                    break
+        if not plan.fits:
+            log.warning("%s: %s (%s)", entry.name, plan.reason, describe(plan))
+            raise NoRoom(plan.reason)
+        log.info("%s: %s", entry.name, describe(plan))
+        return plan
 
     def _report_load(self, name: str, seconds: float, ok: bool) -> None:
         for hook in self.on_load:
@@ -339,6 +414,7 @@ class Runtime:
         try:
             served, load_seconds = await self._load(entry, opts.num_ctx)
             served.in_flight += 1
+            served.used_at = time.monotonic()
             self._session(served, job)
             try:
                 async for item in generation.run(self.engine, served.model, entry, fmt, job, opts, grammar,

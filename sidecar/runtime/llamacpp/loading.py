@@ -23,7 +23,7 @@ from sidecar.engine.adaptive import CostModel, SpeculativeConfig
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from sidecar.engine.hybrid import HybridDrafter
 from sidecar.engine.kernels import build_warnings
-from sidecar.engine.llama import Context, ContextParams, Weights, default_threads, system_info
+from sidecar.engine.llama import Context, ContextParams, Weights, default_threads, gpu_offload_supported, system_info
 from sidecar.engine.seqview import SeqView
 from sidecar.engine.step import StepLoop
 from sidecar.engine.suffix import SuffixDrafter
@@ -34,6 +34,8 @@ from sidecar.runtime.llamacpp.caches import SuffixCaches
 from sidecar.runtime.llamacpp.curves import CurveCache, curve_key
 from sidecar.runtime.llamacpp.registry import WeightsRegistry
 from sidecar.runtime.llamacpp.worker import Batcher
+from sidecar.runtime.memory import PairPlan, Placement, ram_available
+from sidecar.runtime.room import detect_gpus, plan_entry
 
 log = logging.getLogger("sidecar.runtime")
 
@@ -64,6 +66,7 @@ class Loaded:
     pairs: dict[str, PairEngine] = field(default_factory=dict)
     calibrated: CostModel | None = None
     curve: str | None = None  # where the verify curve came from: cached, measured, provisional
+    draft_layers: dict[str, int] = field(default_factory=dict)  # pair -> its draft's layers, planned with the target
 
     @property
     def n_ctx(self) -> int:
@@ -116,7 +119,9 @@ def load_target(registry: WeightsRegistry, entry: PairEntry, n_ctx: int, n_seq: 
     rt = entry.config.runtime
     log.info("loading %s for %s (num_ctx %d, %d sequence%s)", entry.target.path.name, entry.name, n_ctx, n_seq,
              "" if n_seq == 1 else "s at once")
-    weights = registry.acquire(entry.target.path, rt.num_gpu, role="target")
+    # Planned once, before the target takes its room: the draft's layers were counted first.
+    plan = _plan(entry, n_ctx, n_seq)
+    weights = registry.acquire(entry.target.path, _layers(rt.num_gpu, plan.target if plan else None), role="target")
     try:
         ctx = Context(weights, ContextParams(
             n_ctx=n_ctx, n_batch=min(rt.num_batch, n_ctx), n_threads=rt.num_thread, flash_attn=rt.flash,
@@ -126,7 +131,10 @@ def load_target(registry: WeightsRegistry, entry: PairEntry, n_ctx: int, n_seq: 
         registry.release(weights)
         raise
     loop = StepLoop(ctx)
-    return Loaded(weights, ctx, loop, Batcher(entry.name, loop))
+    lm = Loaded(weights, ctx, loop, Batcher(entry.name, loop))
+    if plan is not None and plan.draft is not None:
+        lm.draft_layers[entry.name] = plan.draft.gpu_layers
+    return lm
 
 
 async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded, caches: SuffixCaches,
@@ -139,7 +147,7 @@ async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded, cac
     spec = entry.config.speculative.engine(ngram=ngram is not None)
     draft_w: Weights | None = None
     if d is not None and entry.draft is not None:
-        draft_w = await asyncio.to_thread(_acquire_draft, registry, entry.draft.path, d, lm)
+        draft_w = await asyncio.to_thread(_acquire_draft, registry, entry.draft.path, d, lm, entry)
     suffix = await asyncio.to_thread(caches.for_pair, entry, lm.weights) if ngram is not None else None
     n_seq = lm.ctx.n_seq
 
@@ -178,8 +186,27 @@ async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded, cac
         raise
 
 
-def _acquire_draft(registry: WeightsRegistry, path: Path, d: ModelDraft, lm: Loaded) -> Weights:
-    draft_w = registry.acquire(path, d.num_gpu, role="draft")
+def _plan(entry: PairEntry, n_ctx: int, n_seq: int) -> PairPlan | None:
+    """The pair's memory plan on the GPUs as they are now, where there are GPUs and a layer count
+    is left to it (num_gpu -1); None otherwise."""
+    d = entry.model_draft
+    if not gpu_offload_supported() or (entry.config.runtime.num_gpu >= 0 and (d is None or d.num_gpu >= 0)):
+        return None
+    return plan_entry(entry, n_ctx, n_seq, detect_gpus(), ram_available())
+
+
+def _layers(want: int, placed: Placement | None) -> int:
+    """The layers to offload: the user's num_gpu where set, else the plan's, else -1 (all: a CPU
+    build offloads nothing anyway)."""
+    return want if want >= 0 or placed is None else placed.gpu_layers
+
+
+def _acquire_draft(registry: WeightsRegistry, path: Path, d: ModelDraft, lm: Loaded, entry: PairEntry) -> Weights:
+    planned = lm.draft_layers.get(entry.name)
+    if planned is None and d.num_gpu < 0:  # a pair joining a loaded target: planned beside it now
+        plan = _plan(entry, lm.n_ctx, lm.ctx.n_seq)
+        planned = plan.draft.gpu_layers if plan is not None and plan.draft is not None else None
+    draft_w = registry.acquire(path, d.num_gpu if d.num_gpu >= 0 or planned is None else planned, role="draft")
     try:
         check_pair(lm.weights, draft_w)
     except Exception:
