@@ -28,6 +28,8 @@ from tests.conftest import REPO, SMOLLM2_REF, Daemon, write_config
 from tests.models import write_tiny_llama
 from tests.sparse import LLAMA_8B, LLAMA_70B, write_model
 
+pytestmark = pytest.mark.daemon
+
 Factory = Callable[..., Awaitable[TestClient]]
 
 

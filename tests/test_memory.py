@@ -26,6 +26,8 @@ from sidecar.runtime.memory import (
 from sidecar.runtime.room import max_loaded, pinned
 from tests.sparse import GEMMA3_1B, GEMMA3_27B, LLAMA_8B, LLAMA_70B, QWEN_3B, QWEN_72B, Arch, write_model
 
+pytestmark = pytest.mark.pure
+
 
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Shape]:

@@ -18,10 +18,13 @@ import pytest
 from sidecar.runtime.memory import Settings, Shape, place
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.model
+
 LOAD = """
 import ctypes, json, sys
 import llama_cpp as C
 from sidecar.engine.llama import Context, ContextParams, Weights, _init_backend
+
 _init_backend()
 lines = []
 @C.llama_log_callback
