@@ -45,7 +45,7 @@ class FakeModel:
     pairs: dict[str, PairEntry] = field(default_factory=dict)
     prompts: list[list[int]] = field(default_factory=list)
 
-    def fits(self, n_ctx: int) -> bool:
+    def fits(self, n_ctx: int, num_gpu: int = -1) -> bool:
         return n_ctx == self.n_ctx
 
     def vocabulary(self) -> Vocabulary:
@@ -71,7 +71,7 @@ class FakeEngine:
     def load_key(self, entry: PairEntry, parallel: int) -> str:
         return f"{entry.target.path}|{parallel}"
 
-    async def load(self, entry: PairEntry, n_ctx: int, parallel: int) -> FakeModel:
+    async def load(self, entry: PairEntry, n_ctx: int, parallel: int, num_gpu: int = -1) -> FakeModel:
         return FakeModel(n_ctx)
 
     async def add_pair(self, model: Model, entry: PairEntry) -> None:

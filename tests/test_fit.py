@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -302,3 +303,103 @@ async def test_unset_num_gpu_offloads_what_the_plan_places(monkeypatch: pytest.M
     finally:
         engine.unload(lm)
         await engine.join(lm, 10)
+
+
+# -- a request's num_gpu ---------------------------------------------------------------------------
+def test_a_requests_num_gpu_reloads_the_target_once(tmp_path: Path, tiny: Path) -> None:
+    """Ollama's needsReload (server/sched.go): a request whose num_gpu is not the loaded target's
+    count reloads it with that many layers, once however many ask at the same time; -1 (or none)
+    takes what is loaded. This build has no GPU backend, so what is checked is what the daemon
+    asks llama.cpp for: the load's log line and the weights /sidecar/status lists."""
+    cfg = write_config(tmp_path / "pairs.yaml", f"""
+pairs:
+  tiny:test:
+    from: {tiny}
+    parameters: {{temperature: 0, num_ctx: 256, num_predict: 2}}
+    runtime: {{num_thread: 1}}
+""")
+    daemon = Daemon(cfg)
+
+    def generate(**options: int) -> None:
+        r = httpx.post(daemon.url + "/api/generate", timeout=60, json={
+            "model": "tiny:test", "prompt": "hi", "stream": False, "options": options})
+        assert r.status_code == 200, r.text
+
+    def loads() -> list[str]:
+        return [ln for ln in daemon.log().splitlines() if f"loading {tiny.name} for tiny:test (" in ln]
+
+    def asked() -> list[int]:
+        """The layer counts of the mapped weights, once the replaced load is freed (its thread frees
+        it after its last request, a moment after that request answered)."""
+        deadline = time.monotonic() + 30
+        while True:
+            held = [w["num_gpu"] for w in httpx.get(daemon.url + "/sidecar/status").json()["weights"]]
+            if len(held) == 1 or time.monotonic() > deadline:
+                return held
+            time.sleep(0.05)
+
+    try:
+        generate()
+        assert len(loads()) == 1 and "num_gpu" not in loads()[0]
+        generate(num_gpu=1)
+        assert len(loads()) == 2 and "num_gpu 1)" in loads()[1]
+        assert asked() == [1]
+        generate(num_gpu=1)
+        generate()  # -1: whatever is loaded
+        generate(num_gpu=-1)
+        assert len(loads()) == 2 and asked() == [1]
+        with ThreadPoolExecutor(4) as pool:  # four at once asking for another count: one reload
+            list(pool.map(lambda _: generate(num_gpu=0), range(4)))
+        assert len(loads()) == 3 and "num_gpu 0)" in loads()[2] and asked() == [0]
+        ps = httpx.get(daemon.url + "/api/ps").json()["models"]
+        assert [m["name"] for m in ps] == ["tiny:test"] and ps[0]["size_vram"] == 0
+        assert not daemon.traces()
+    finally:
+        daemon.stop()
+
+
+async def test_a_requests_num_gpu_is_what_the_plan_places(aiohttp_client: Factory, monkeypatch: pytest.MonkeyPatch,
+                                                         tiny_pair: tuple[Path, Path]) -> None:
+    """With a GPU (injected: this machine has none) that holds the whole pair, a request's num_gpu
+    is the target's count in the plan and in the load, the draft still goes wholly onto the GPU,
+    and /api/ps shows the partial offload."""
+    from sidecar.runtime.llamacpp import loading
+    from sidecar.runtime.memory import Device
+
+    gpus = [Device("GPU0", 64 * GIB, 64 * GIB)]
+    monkeypatch.setattr(loading, "gpu_offload_supported", lambda: True)
+    monkeypatch.setattr(loading, "detect_gpus", lambda: gpus)
+    entry = build_entry("p:test", Pair.model_validate({
+        "from": str(tiny_pair[0]), "draft": str(tiny_pair[1]), "runtime": {"num_thread": 1},
+        "parameters": {"num_ctx": 256, "num_predict": 2}}))
+    rt = Runtime(LlamaEngine())
+    rt.set_entries({"p:test": entry})
+    rt.gpus = lambda: gpus
+    client = await aiohttp_client(create_app(rt))
+    try:
+        async def generate(**options: int) -> None:
+            r = await client.post("/api/generate", json={"model": "p:test", "prompt": "hi", "stream": False,
+                                                         "options": options})
+            assert r.status == 200, await r.text()
+
+        await generate()
+        (_, served), = rt.loaded_entries()
+        assert served.plan is not None and served.plan.draft is not None
+        layers = served.plan.target.layers
+        assert served.plan.target.gpu_layers == layers  # all of it fits: the plan puts it all there
+        await generate(num_gpu=layers)  # the count the plan chose, asked for: no reload
+        assert rt.loaded_entries()[0][1] is served
+        await generate(num_gpu=1)
+        (_, served), = rt.loaded_entries()
+        plan = served.plan
+        assert plan is not None and plan.draft is not None
+        assert plan.target.gpu_layers == 1 and plan.draft.gpu_layers == plan.draft.layers
+        assert isinstance(rt.engine, LlamaEngine)
+        held = {Path(w["path"]).name: w["num_gpu"] for w in rt.engine.weights.snapshot()}
+        assert held[tiny_pair[0].name] == 1 and held[tiny_pair[1].name] == plan.draft.layers
+        ps = (await (await client.get("/api/ps")).json())["models"][0]
+        assert ps["size"] == plan.total and 0 < ps["size_vram"] == plan.vram < plan.total
+        await generate()  # -1: what is loaded
+        assert rt.loaded_entries()[0][1].plan is plan
+    finally:
+        await rt.unload_all()

@@ -195,6 +195,8 @@ ABSURD: list[tuple[dict[str, Any], int | None]] = [
     ({"draft_num_predict": -1}, 400),
     ({"draft_num_predict": 10**9}, 200),
     ({"num_batch": -1, "num_gpu": 10**9, "num_thread": -3, "main_gpu": 99, "use_mmap": False}, 200),
+    ({"num_gpu": 1e308}, 200),  # a reload with every layer: llama.cpp's count is a C int32, clamped
+    ({"num_gpu": -10**30}, 200),  # -1: whatever is loaded
     ({"mirostat": 2, "unknown_option": {"deep": [1]}}, 200),
 ]
 

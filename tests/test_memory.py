@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.config.entries import build_entry
+from sidecar.config.schema import Pair
 from sidecar.runtime.memory import (
     FIT_MARGIN,
     GIB,
@@ -23,7 +25,7 @@ from sidecar.runtime.memory import (
     place,
     ram_available,
 )
-from sidecar.runtime.room import max_loaded, pinned
+from sidecar.runtime.room import max_loaded, pinned, plan_entry
 from tests.sparse import GEMMA3_1B, GEMMA3_27B, LLAMA_8B, LLAMA_70B, QWEN_3B, QWEN_72B, Arch, write_model
 
 pytestmark = pytest.mark.pure
@@ -127,6 +129,31 @@ def test_an_explicit_num_gpu_wins(shapes: dict[str, Shape]) -> None:
     assert few.target.gpu_layers == 10
     assert few.draft is not None and few.draft.gpu_layers == 0
     assert few.target.split == (10,)
+
+
+
+def test_a_requests_num_gpu_wins_over_the_pairs(tmp_path: Path) -> None:
+    """A request's num_gpu (runtime.manager passes Ollama's option) is the target's count in the
+    plan, over the pair's `runtime:` one and over the plan's own; -1 leaves it to the pair. The
+    draft is placed as before."""
+    target = write_model(tmp_path / "70b.gguf", LLAMA_70B, "70b")
+    draft = write_model(tmp_path / "8b.gguf", LLAMA_8B, "8b")
+
+    def plan(runtime: dict[str, int], num_gpu: int) -> tuple[int, int]:
+        entry = build_entry("p:test", Pair.model_validate({"from": str(target), "draft": str(draft),
+                                                           "runtime": runtime}))
+        p = plan_entry(entry, 4096, 2, [gpu(24)], 64 * GIB, overhead=0, num_gpu=num_gpu)
+        assert p is not None and p.draft is not None
+        return p.target.gpu_layers, p.draft.gpu_layers
+
+    fitted, whole = plan({}, -1)
+    assert 0 < fitted < 81 and whole == 33
+    assert plan({}, 5) == (5, 33)  # fewer than fit
+    assert plan({}, 81)[0] == 81  # more than fit: the user's number wins (llama.cpp then says if it cannot)
+    assert plan({}, 0) == (0, 33)
+    assert plan({"num_gpu": 10}, -1) == (10, 33)  # the pair's
+    assert plan({"num_gpu": 10}, 20) == (20, 33)  # the request's, over the pair's
+    assert plan({}, 10**9)[0] == 81  # past the model's layers: all of them
 
 
 def test_cpu_only_refuses_in_ollamas_words(shapes: dict[str, Shape]) -> None:

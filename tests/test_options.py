@@ -121,6 +121,16 @@ def test_coerced_request_options_flow_into_effective() -> None:
     assert eff.stop == ["x"] and eff.num_ctx == 2048
 
 
+
+def test_num_gpu_flows_into_effective() -> None:
+    """The request's count wins over the pair's parameters; every negative is -1, Ollama's "not set"
+    (runtime.manager then takes what is loaded, or the pair's runtime: count)."""
+    assert effective().num_gpu == -1
+    assert effective({"num_gpu": 8}, coerce({"num_gpu": 3.0})).num_gpu == 3
+    assert effective({"num_gpu": 8}, coerce({})).num_gpu == 8
+    assert effective(coerce({"num_gpu": -7})).num_gpu == -1
+
+
 @pytest.mark.parametrize(("num_predict", "expected"), [(-1, -1), (-2, -1), (0, 0), (128, 128)])
 def test_num_predict(num_predict: int, expected: int) -> None:
     assert effective({"num_predict": num_predict}).num_predict == expected

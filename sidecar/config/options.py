@@ -85,8 +85,11 @@ class Options(BaseModel):
     presence_penalty: GoFloat = _S.presence_penalty
     frequency_penalty: GoFloat = _S.frequency_penalty
     stop: Strings = Field(default_factory=list)
-    # Load-time options. num_ctx None: the pair's default; the others are the pair's `runtime:`
-    # settings here (a request cannot change how a shared model was loaded), accepted and ignored.
+    # Load-time options. num_ctx None: the pair's default. num_gpu -1: the pair's (its `runtime:`
+    # num_gpu, else the memory plan's count); a count reloads the target with that many layers on the
+    # GPUs where the loaded one has another (Ollama's needsReload, server/sched.go; -1 never reloads).
+    # The others are the pair's `runtime:` settings here (a request cannot change how a shared model
+    # was loaded), accepted and ignored.
     num_ctx: GoInt | None = None
     num_batch: GoInt = 512
     num_gpu: GoInt = -1

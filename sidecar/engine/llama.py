@@ -105,7 +105,7 @@ class Weights:
         self.path = Path(path)
         params = C.llama_model_default_params()
         params.vocab_only = vocab_only  # the vocabulary and hyperparameters only: no tensor is touched
-        params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
+        params.n_gpu_layers = min(n_gpu_layers, 0x7FFFFFFF) if n_gpu_layers >= 0 else 0x7FFFFFFF  # a C int32
         params.use_extra_bufts = (n_gpu_layers != 0 and gpu_offload_supported()) or repack_is_exact(file_type(path))
         if not use_mmap:
             params.load_mode = C.LLAMA_LOAD_MODE_NONE

@@ -194,8 +194,9 @@ class Model(Protocol):
         """The context window of each sequence."""
         ...
 
-    def fits(self, n_ctx: int) -> bool:
-        """Whether a request asking for this window runs on this load; False: reload for it."""
+    def fits(self, n_ctx: int, num_gpu: int = -1) -> bool:
+        """Whether a request asking for this window and `num_gpu` target layers on the GPUs (-1: any)
+        runs on this load; False: reload for it."""
         ...
 
     def vocabulary(self) -> Vocabulary: ...
@@ -226,8 +227,9 @@ class Engine(Protocol):
         """What makes two pairs share one loaded target: its file and the load settings the engine honours."""
         ...
 
-    async def load(self, entry: PairEntry, n_ctx: int, parallel: int) -> Model:
-        """Load the pair's target with `parallel` sequences of `n_ctx` tokens each."""
+    async def load(self, entry: PairEntry, n_ctx: int, parallel: int, num_gpu: int = -1) -> Model:
+        """Load the pair's target with `parallel` sequences of `n_ctx` tokens each, and `num_gpu`
+        of its layers on the GPUs where the request names a count (-1: the pair's own setting)."""
         ...
 
     async def add_pair(self, model: Model, entry: PairEntry) -> None:

@@ -32,9 +32,9 @@ class Engines:
     def load_key(self, entry: PairEntry, parallel: int) -> str:
         return f"{entry.config.engine}:{self._for(entry).load_key(entry, parallel)}"
 
-    async def load(self, entry: PairEntry, n_ctx: int, parallel: int) -> Model:
+    async def load(self, entry: PairEntry, n_ctx: int, parallel: int, num_gpu: int = -1) -> Model:
         engine = self._for(entry)
-        model = await engine.load(entry, n_ctx, parallel)
+        model = await engine.load(entry, n_ctx, parallel, num_gpu)
         self._owner[id(model)] = engine
         return model
 

@@ -132,12 +132,13 @@ class Runtime:
         return out
 
     # -- loading ----------------------------------------------------------------------------
-    async def load(self, entry: PairEntry, num_ctx: int | None = None) -> tuple[Model, float]:
+    async def load(self, entry: PairEntry, num_ctx: int | None = None, num_gpu: int = -1) -> tuple[Model, float]:
         """Make the pair ready; returns the loaded target and the seconds spent loading."""
-        served, seconds = await self._load(entry, num_ctx)
+        served, seconds = await self._load(entry, num_ctx, num_gpu)
         return served.model, seconds
 
-    async def _load(self, entry: PairEntry, num_ctx: int | None) -> tuple[Served, float]:
+    async def _load(self, entry: PairEntry, num_ctx: int | None, num_gpu: int = -1) -> tuple[Served, float]:
+        """`num_gpu`: a request's count of target layers on the GPUs (-1: the pair's), which wins."""
         key = self._key(entry)
         n_ctx = entry.num_ctx(num_ctx)
         if num_ctx and num_ctx < n_ctx == MIN_NUM_CTX:
@@ -146,16 +147,17 @@ class Runtime:
         t0 = time.perf_counter()
         async with lock:
             served = self._loaded.get(key)
-            if served is not None and not served.model.fits(n_ctx):
-                # Like Ollama: a different num_ctx means a reload; in-flight requests finish first.
+            if served is not None and not served.model.fits(n_ctx, num_gpu):
+                # Like Ollama (server/sched.go, needsReload): a different num_ctx, or a num_gpu other
+                # than -1 and the loaded count, means a reload; in-flight requests finish first.
                 self._unload(served)
                 served = None
             loaded = False
             try:
                 if served is None:
                     loaded = True
-                    plan = await self._make_room(entry, n_ctx, key)
-                    served = Served(key, await self.engine.load(entry, n_ctx, self.parallel(entry)),
+                    plan = await self._make_room(entry, n_ctx, key, num_gpu)
+                    served = Served(key, await self.engine.load(entry, n_ctx, self.parallel(entry), num_gpu),
                                     keep_alive=self.keep_alive, plan=plan)
                     self._loaded[key] = served
                 if not self._has_engine(served.model, entry):
@@ -172,7 +174,7 @@ class Runtime:
                 self._report_load(entry.name, time.perf_counter() - t0, True)
         return served, time.perf_counter() - t0
 
-    async def _make_room(self, entry: PairEntry, n_ctx: int, key: str) -> PairPlan | None:
+    async def _make_room(self, entry: PairEntry, n_ctx: int, key: str, num_gpu: int = -1) -> PairPlan | None:
         """The pair's memory plan, after evicting what it needs: the daemon's own idle targets
         (least recently used first, as Ollama's findRunnerToUnload), then the upstream's idle
         models. A load wants room when its plan does not fit, when it would put fewer layers on the
@@ -187,7 +189,7 @@ class Runtime:
 
         def replan() -> PairPlan | None:
             g, r = credit.apply(gpus, ram)
-            return plan_entry(entry, n_ctx, parallel, g, r)
+            return plan_entry(entry, n_ctx, parallel, g, r, num_gpu=num_gpu)
 
         try:
             plan = await asyncio.to_thread(replan)
@@ -196,7 +198,8 @@ class Runtime:
             return None
         if plan is None:
             return None
-        empty = plan_entry(entry, n_ctx, parallel, [replace(g, free=g.total) for g in gpus], ram) if gpus else plan
+        empty = plan_entry(entry, n_ctx, parallel, [replace(g, free=g.total) for g in gpus], ram,
+                           num_gpu=num_gpu) if gpus else plan
         best = empty.target.gpu_layers if empty is not None else 0
         limit = max_loaded(len(gpus))
 
@@ -377,7 +380,7 @@ class Runtime:
     async def render_only(self, entry: PairEntry, job: Job) -> str:
         """The prompt text a job would run on (Ollama's `_debug_render_only`), fitted to the window."""
         opts, _, fmt, job = self._admit(entry, job)
-        model, _ = await self.load(entry, opts.num_ctx)
+        model, _ = await self.load(entry, opts.num_ctx, opts.num_gpu)
         return await generation.render_text(entry, fmt, job, model)
 
     async def _load_only(self, entry: PairEntry, job: Job, opts: Effective) -> Outcome:
@@ -390,7 +393,7 @@ class Runtime:
             elif served is not None:
                 self._unload(served)
             return Outcome(done_reason="unload")
-        served, seconds = await self._load(entry, opts.num_ctx)
+        served, seconds = await self._load(entry, opts.num_ctx, opts.num_gpu)
         self._session(served, job)
         if not served.in_flight:  # else the expiry moves when the last of them ends (sched.go, processCompleted)
             self.touch(served)
@@ -412,7 +415,7 @@ class Runtime:
             raise ServerBusy("server busy, please try again.  maximum pending requests exceeded")
         self._pending += 1
         try:
-            served, load_seconds = await self._load(entry, opts.num_ctx)
+            served, load_seconds = await self._load(entry, opts.num_ctx, opts.num_gpu)
             served.in_flight += 1
             served.used_at = time.monotonic()
             self._session(served, job)

@@ -23,6 +23,7 @@ class Effective:
     num_predict: int = -1
     stop: list[str] = field(default_factory=list)
     num_ctx: int | None = None
+    num_gpu: int = -1  # the target's layers on the GPUs; -1: the pair's (runtime.manager)
     draft_num_predict: int | None = None
     num_keep: int = 4  # tokens a truncated prompt or a context shift keeps at the start
 
@@ -43,6 +44,7 @@ def effective(*layers: dict[str, Any]) -> Effective:
         num_predict=-1 if o.num_predict < 0 else o.num_predict,
         stop=list(o.stop),
         num_ctx=o.num_ctx,
+        num_gpu=max(o.num_gpu, -1),
         draft_num_predict=o.draft_num_predict,
         num_keep=o.num_keep,
     )

@@ -83,11 +83,13 @@ def shape_of(path: Path) -> Shape:
     return _shape(str(path), path.stat().st_mtime)
 
 
-def settings(entry: PairEntry, n_ctx: int, parallel: int) -> tuple[Settings, Settings | None]:
+def settings(entry: PairEntry, n_ctx: int, parallel: int, num_gpu: int = -1) -> tuple[Settings, Settings | None]:
     """The target's and the draft's load settings as the plan takes them; num_gpu -1 (the default,
-    Ollama's "not set") is left to the plan."""
+    Ollama's "not set") is left to the plan. `num_gpu`: a request's count for the target, which wins
+    over the pair's."""
     rt = entry.config.runtime
-    t = Settings(n_ctx, parallel, rt.num_batch, rt.kv_cache_type, rt.flash, None if rt.num_gpu < 0 else rt.num_gpu)
+    want = num_gpu if num_gpu >= 0 else rt.num_gpu
+    t = Settings(n_ctx, parallel, rt.num_batch, rt.kv_cache_type, rt.flash, None if want < 0 else want)
     d = entry.model_draft
     if d is None or entry.draft is None:
         return t, None
@@ -96,11 +98,11 @@ def settings(entry: PairEntry, n_ctx: int, parallel: int) -> tuple[Settings, Set
 
 
 def plan_entry(entry: PairEntry, n_ctx: int, parallel: int, gpus: list[Device], ram_free: int,
-               overhead: int | None = None) -> PairPlan | None:
+               overhead: int | None = None, num_gpu: int = -1) -> PairPlan | None:
     """The pair's plan, or None for a pair that is not GGUF files (a vLLM pair, a folder)."""
     if entry.config.engine != "llama.cpp" or entry.target.path.is_dir():
         return None
-    t, d = settings(entry, n_ctx, parallel)
+    t, d = settings(entry, n_ctx, parallel, num_gpu)
     draft = shape_of(entry.draft.path) if d is not None and entry.draft is not None else None
     return place(shape_of(entry.target.path), t, draft, d, gpus, ram_free,
                  overhead=gpu_overhead() if overhead is None else overhead)

@@ -37,8 +37,8 @@ class LlamaEngine:
         return (f"{entry.target.path.resolve()}|gpu={rt.num_gpu}|b={rt.num_batch}"
                 f"|fa={rt.flash}|kv={rt.kv_cache_type}|np={parallel}")
 
-    async def load(self, entry: PairEntry, n_ctx: int, parallel: int) -> Loaded:
-        return await asyncio.to_thread(load_target, self.weights, entry, n_ctx, parallel)
+    async def load(self, entry: PairEntry, n_ctx: int, parallel: int, num_gpu: int = -1) -> Loaded:
+        return await asyncio.to_thread(load_target, self.weights, entry, n_ctx, parallel, num_gpu)
 
     async def add_pair(self, model: Model, entry: PairEntry) -> None:
         lm = _own(model)

@@ -67,14 +67,17 @@ class Loaded:
     calibrated: CostModel | None = None
     curve: str | None = None  # where the verify curve came from: cached, measured, provisional
     draft_layers: dict[str, int] = field(default_factory=dict)  # pair -> its draft's layers, planned with the target
+    num_gpu: int = -1  # the target's layers asked of llama.cpp: num_gpu, else the plan's; -1: all
 
     @property
     def n_ctx(self) -> int:
         """The context window of each sequence."""
         return self.ctx.n_ctx
 
-    def fits(self, n_ctx: int) -> bool:
-        return n_ctx == self.n_ctx  # Ollama's rule: another num_ctx is another load
+    def fits(self, n_ctx: int, num_gpu: int = -1) -> bool:
+        # Ollama's rule (server/sched.go, needsReload): another num_ctx, or another num_gpu that is
+        # not -1, is another load.
+        return n_ctx == self.n_ctx and (num_gpu < 0 or num_gpu == self.num_gpu)
 
     def vocabulary(self) -> Vocabulary:
         return vocabulary(self.weights)
@@ -113,15 +116,18 @@ def _log_backend() -> None:
         log.warning(warning)
 
 
-def load_target(registry: WeightsRegistry, entry: PairEntry, n_ctx: int, n_seq: int) -> Loaded:
-    """Map the target's weights and make its context (blocking: run it off the event loop)."""
+def load_target(registry: WeightsRegistry, entry: PairEntry, n_ctx: int, n_seq: int, num_gpu: int = -1) -> Loaded:
+    """Map the target's weights and make its context (blocking: run it off the event loop).
+    `num_gpu`: a request's count of target layers on the GPUs, which wins over the pair's (-1: none)."""
     _log_backend()
     rt = entry.config.runtime
-    log.info("loading %s for %s (num_ctx %d, %d sequence%s)", entry.target.path.name, entry.name, n_ctx, n_seq,
-             "" if n_seq == 1 else "s at once")
+    want = num_gpu if num_gpu >= 0 else rt.num_gpu
+    log.info("loading %s for %s (num_ctx %d, %d sequence%s%s)", entry.target.path.name, entry.name, n_ctx, n_seq,
+             "" if n_seq == 1 else "s at once", f", num_gpu {want}" if want >= 0 else "")
     # Planned once, before the target takes its room: the draft's layers were counted first.
-    plan = _plan(entry, n_ctx, n_seq)
-    weights = registry.acquire(entry.target.path, _layers(rt.num_gpu, plan.target if plan else None), role="target")
+    plan = _plan(entry, n_ctx, n_seq, want)
+    layers = _layers(want, plan.target if plan else None)
+    weights = registry.acquire(entry.target.path, layers, role="target")
     try:
         ctx = Context(weights, ContextParams(
             n_ctx=n_ctx, n_batch=min(rt.num_batch, n_ctx), n_threads=rt.num_thread, flash_attn=rt.flash,
@@ -131,7 +137,7 @@ def load_target(registry: WeightsRegistry, entry: PairEntry, n_ctx: int, n_seq: 
         registry.release(weights)
         raise
     loop = StepLoop(ctx)
-    lm = Loaded(weights, ctx, loop, Batcher(entry.name, loop))
+    lm = Loaded(weights, ctx, loop, Batcher(entry.name, loop), num_gpu=layers)
     if plan is not None and plan.draft is not None:
         lm.draft_layers[entry.name] = plan.draft.gpu_layers
     return lm
@@ -186,13 +192,13 @@ async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded, cac
         raise
 
 
-def _plan(entry: PairEntry, n_ctx: int, n_seq: int) -> PairPlan | None:
+def _plan(entry: PairEntry, n_ctx: int, n_seq: int, num_gpu: int = -1) -> PairPlan | None:
     """The pair's memory plan on the GPUs as they are now, where there are GPUs and a layer count
-    is left to it (num_gpu -1); None otherwise."""
+    is left to it (the target's `num_gpu`, as asked, or the draft's is -1); None otherwise."""
     d = entry.model_draft
-    if not gpu_offload_supported() or (entry.config.runtime.num_gpu >= 0 and (d is None or d.num_gpu >= 0)):
+    if not gpu_offload_supported() or (num_gpu >= 0 and (d is None or d.num_gpu >= 0)):
         return None
-    return plan_entry(entry, n_ctx, n_seq, detect_gpus(), ram_available())
+    return plan_entry(entry, n_ctx, n_seq, detect_gpus(), ram_available(), num_gpu=num_gpu)
 
 
 def _layers(want: int, placed: Placement | None) -> int:
@@ -204,7 +210,7 @@ def _layers(want: int, placed: Placement | None) -> int:
 def _acquire_draft(registry: WeightsRegistry, path: Path, d: ModelDraft, lm: Loaded, entry: PairEntry) -> Weights:
     planned = lm.draft_layers.get(entry.name)
     if planned is None and d.num_gpu < 0:  # a pair joining a loaded target: planned beside it now
-        plan = _plan(entry, lm.n_ctx, lm.ctx.n_seq)
+        plan = _plan(entry, lm.n_ctx, lm.ctx.n_seq, lm.num_gpu)
         planned = plan.draft.gpu_layers if plan is not None and plan.draft is not None else None
     draft_w = registry.acquire(path, d.num_gpu if d.num_gpu >= 0 or planned is None else planned, role="draft")
     try:

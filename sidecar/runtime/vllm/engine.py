@@ -62,7 +62,7 @@ class VllmModel:
     def n_ctx(self) -> int:
         return self.max_model_len
 
-    def fits(self, n_ctx: int) -> bool:
+    def fits(self, n_ctx: int, num_gpu: int = -1) -> bool:
         return True  # vLLM's window is set when the server starts; a request's num_ctx cannot restart it
 
     def vocabulary(self) -> Vocabulary:
@@ -110,7 +110,8 @@ class VllmEngine:
         args = command.serve_args(entry, entry.num_ctx(None), s.port or 0, False)
         return f"managed|{command.python(entry)}|{json.dumps(args)}|{json.dumps(s.env, sort_keys=True)}"
 
-    async def load(self, entry: PairEntry, n_ctx: int, parallel: int) -> VllmModel:
+    async def load(self, entry: PairEntry, n_ctx: int, parallel: int, num_gpu: int = -1) -> VllmModel:
+        # num_gpu is llama.cpp's: vLLM holds the whole model on its GPUs (config.schema refuses it there).
         s = command.settings(entry)
         vocab, add_bos = _vocabulary(entry)
         if s.url is not None:
