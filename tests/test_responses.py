@@ -21,7 +21,8 @@ import httpx
 import openai
 import pytest
 
-from sidecar.api.responses import ResponseStore, chat_messages, chat_tools
+from sidecar.api.responses import ResponseStore
+from sidecar.api.responses_input import chat_messages, chat_tools
 from tests.conftest import REPO, Daemon, write_config
 from tests.models import write_tiny_llama
 from tests.test_thinking import go_template
