@@ -373,6 +373,16 @@ def test_the_daemon_keeps_serving(rd: Daemon) -> None:
     assert client(rd).responses.create(model=TEXT, input="still here", max_output_tokens=2).output_text
 
 
+def test_no_input_only_loads(rd: Daemon) -> None:
+    """No input at all is Ollama's load request: an empty answer, streamed or not."""
+    r = post(rd, {"model": TEXT, "input": ""})
+    assert r.status_code == 200 and r.json()["output"][0]["content"][0]["text"] == ""
+    r = post(rd, {"model": TEXT, "input": [], "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    assert [json.loads(b.split("\ndata: ")[1])["type"] for b in r.text.split("\n\n") if b] == [
+        "response.created", "response.in_progress", "response.completed"]
+
+
 def test_models_that_are_no_pair_go_upstream(rd: Daemon, up: Daemon) -> None:
     r = client(rd).responses.create(model=UP, input="hello", temperature=0)
     direct = client(up).responses.create(model=UP, input="hello", temperature=0)
