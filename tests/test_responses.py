@@ -20,6 +20,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sidecar.api.responses import ResponseStore
 from sidecar.api.responses_input import chat_messages, chat_tools
@@ -371,6 +373,49 @@ def test_the_daemon_keeps_serving(rd: Daemon) -> None:
     r = post(rd, {"model": PAIR, "input": "x", "max_output_tokens": 10**9})
     assert r.status_code == 200 and r.json()["status"] == "completed"
     assert client(rd).responses.create(model=TEXT, input="still here", max_output_tokens=2).output_text
+
+
+SCALAR = st.none() | st.booleans() | st.integers(-5, 10**20) | st.floats(allow_nan=False, allow_infinity=False)
+JSON = st.recursive(SCALAR | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+                    max_leaves=8)
+PART = st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text", "input_image", "input_file", "x"])},
+                             optional={"text": JSON | st.text(max_size=8), "image_url": JSON})
+ITEM = st.fixed_dictionaries({}, optional={
+    "type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "web_search_call",
+                             "item_reference", ""]) | JSON,
+    "role": st.sampled_from(["user", "assistant", "developer", "system", "tool"]) | JSON,
+    "content": st.text(max_size=8) | st.lists(PART, max_size=2) | JSON, "call_id": st.text(max_size=4) | JSON,
+    "name": st.text(max_size=4) | JSON, "arguments": st.sampled_from(["{}", '{"a":1}', "[1]", "{"]) | JSON,
+    "output": st.text(max_size=8) | st.lists(PART, max_size=2) | JSON, "encrypted_content": JSON})
+TOOL = st.fixed_dictionaries({"type": st.sampled_from(["function", "web_search", "namespace", "custom"]) | JSON},
+                             optional={"name": st.text(max_size=6) | JSON, "parameters": JSON, "tools": JSON,
+                                       "description": JSON, "strict": JSON})
+FIELDS = {
+    "input": st.text(max_size=12) | st.lists(ITEM, max_size=3) | JSON, "instructions": st.text(max_size=8) | JSON,
+    "tools": st.lists(TOOL, max_size=2) | JSON, "temperature": JSON, "top_p": JSON, "stream": st.booleans() | JSON,
+    "max_output_tokens": st.integers(-2, 6) | JSON, "reasoning": JSON, "text": JSON, "store": JSON,
+    "previous_response_id": JSON, "include": JSON, "truncation": JSON, "tool_choice": JSON,
+}
+
+
+@settings(max_examples=120, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(payload=st.fixed_dictionaries({}, optional=FIELDS))
+def test_random_bodies_get_well_formed_answers(rd: Daemon, payload: dict[str, Any]) -> None:
+    """Whatever the body, a 200 in the API's shape or a 4xx in OpenAI's error envelope, never a 500."""
+    if not isinstance(payload.get("max_output_tokens"), int) or payload["max_output_tokens"] > 6:
+        payload["max_output_tokens"] = 4
+    r = post(rd, {"model": TEXT, **payload})
+    assert r.status_code in (200, 400, 404), r.text
+    if r.status_code != 200:
+        err = r.json()["error"]
+        assert isinstance(err["message"], str) and err["type"] in ("invalid_request_error", "not_found_error")
+    elif r.headers["content-type"].startswith("text/event-stream"):
+        last = json.loads(r.text.split("\n\n")[-2].split("\ndata: ")[1])
+        assert last["type"] in ("response.completed", "response.incomplete")
+    else:
+        assert r.json()["object"] == "response"
 
 
 def test_no_input_only_loads(rd: Daemon) -> None:
