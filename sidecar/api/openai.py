@@ -154,9 +154,14 @@ def sampling(body: dict[str, Any], *, completion: bool) -> dict[str, Any]:
 
 
 def _think(body: dict[str, Any]) -> bool | str | None:
-    """`reasoning.effort` or `reasoning_effort` as Ollama's `think` (openai/openai.go thinkFromReasoningEffort)."""
+    """`reasoning.effort` or `reasoning_effort` as Ollama's `think`."""
     reasoning = body.get("reasoning")
-    effort = reasoning.get("effort") if isinstance(reasoning, dict) else body.get("reasoning_effort")
+    return think_from_effort(reasoning.get("effort") if isinstance(reasoning, dict) else body.get("reasoning_effort"))
+
+
+def think_from_effort(effort: Any) -> bool | str | None:
+    """A reasoning effort as Ollama's `think` (openai/openai.go thinkFromReasoningEffort); /v1/responses
+    maps its `reasoning.effort` the same way."""
     if effort in (None, ""):
         return None
     mapping: dict[str, bool | str] = {"none": False, "minimal": "low", "low": "low", "medium": "medium",
