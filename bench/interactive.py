@@ -59,8 +59,10 @@ SYSTEM = ("You are a helpful assistant in a chat app. Use the tools when they he
           "pages, keep notes and memories, run code, and manage the user's knowledge bases. Answer briefly.")
 QUESTIONS = ("What is the capital of France?", "Write a haiku about the sea.", "How do I reverse a list in Python?")
 WARM_QUESTIONS = ("Name a prime number.", "Say hello.", "What colour is the sky?")
-TITLE_PROMPT = ("### Task:\nGenerate a concise, 3-5 word title with an emoji summarizing the chat history.\n"
-                "### Output:\nJSON format: { \"title\": \"your concise title here\" }\n"
+# Open WebUI's title task, asking for a long summary as well: SmolLM2 answers the bare task in about
+# 14 tokens, while the issue's titles ran to num_predict (one for 145 s); this makes them run long.
+TITLE_PROMPT = ("### Task:\nGenerate a concise, 3-5 word title with an emoji summarizing the chat history, "
+                "then a detailed summary of at least 300 words.\n"
                 "### Chat History:\n<chat_history>\nUSER: {q}\n</chat_history>")
 
 
@@ -181,8 +183,11 @@ def main() -> None:
             print(f"[interactive] warm-up {srv.config.name}", file=sys.stderr, flush=True)
             asyncio.run(one_round(srv.url, args, WARM_QUESTIONS))
         for rep in range(args.reps):
+            # Each round's chats are new ones (as three users starting chats): no answer is in a cache
+            # from an earlier round, only the system prompt and tools they share.
+            questions = tuple(f"{q} (chat {rep + 1})" for q in QUESTIONS)
             for srv in servers if rep % 2 == 0 else servers[::-1]:
-                r = asyncio.run(one_round(srv.url, args, QUESTIONS))
+                r = asyncio.run(one_round(srv.url, args, questions))
                 rounds[srv.config.name].append(r)
                 if args.json:  # after every round: a run cut short keeps what it measured
                     args.json.write_text(json.dumps({k: [x.__dict__ for x in v] for k, v in rounds.items()}))
