@@ -44,6 +44,8 @@ class FakeServed:
     cached_tokens: int = 0
     withdrawn: int = 0
     together: int = 0
+    waiting_interactive: int = 0
+    waiting_background: int = 0
 
     def status(self) -> FakeServed:
         return self
@@ -153,7 +155,8 @@ async def test_models_config_upstream(aiohttp_client: Factory) -> None:
     assert s['sidecar_config_reloads_total{result="failure"}'] == 0
 
     # Two pairs riding on one target.
-    shared = FakeServed(busy=2, steps=10, rows=35, tokens=40, cached_tokens=900, withdrawn=4, together=6)
+    shared = FakeServed(busy=2, steps=10, rows=35, tokens=40, cached_tokens=900, withdrawn=4, together=6,
+                        waiting_interactive=1, waiting_background=2)
     rt.pending = 3  # the two running on it, and one waiting
     rt.loaded = [(FakeEntry("a:1"), shared), (FakeEntry("b:1"), shared), (FakeEntry("c:1"), FakeServed())]
     metrics.observe_model_load(app, "a:1", 2.0)
@@ -174,6 +177,8 @@ async def test_models_config_upstream(aiohttp_client: Factory) -> None:
     assert s['sidecar_prefix_cache_tokens{model="a:1"}'] == 900
     assert s['sidecar_batch_withdrawn_drafts{model="b:1"}'] == 4
     assert s['sidecar_batch_joint_drafts{model="b:1"}'] == 6
+    assert s['sidecar_batch_waiting{class="interactive",model="a:1"}'] == 1
+    assert s['sidecar_batch_waiting{class="background",model="b:1"}'] == 2
     assert s['sidecar_batch_rows_per_step{model="c:1"}'] == 0
     assert s['sidecar_model_load_seconds_count{model="a:1"}'] == 1
     assert s['sidecar_model_load_seconds_sum{model="a:1"}'] == 2.0

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any, Protocol
 
 import structlog
@@ -103,7 +104,8 @@ async def respond(request: web.Request, entry: PairEntry, job: Job, framing: Fra
                   stream: bool) -> web.StreamResponse:
     clock = metrics.TokenClock()  # started before queueing and loading: both count towards TTFT
     stop = threading.Event()  # set on the event loop when the client leaves; read by the engine at each step
-    events = runtime_of(request).generate(entry, job, stop.is_set)
+    # A streamed answer has someone watching it: it waits for a slot ahead of those nobody watches.
+    events = runtime_of(request).generate(entry, replace(job, interactive=stream), stop.is_set)
     try:
         first = await while_connected(request, events.__anext__())
     except ClientGone:

@@ -45,18 +45,30 @@ class HybridDrafter:
         self.sources = list(sources)
         self.name = "+".join(names)
         self.has_cost = any(s.has_cost for s in sources)
+        self._seen: Sequence[int] | None = None
 
     def plan_sources(self, context: Sequence[int]) -> list[Source]:
         """The sources as the planner sees them, reading `context` (the committed tokens) as it grows."""
-        return [Source(s.name, s.has_cost, partial(_support, s, context), partial(_lag, s, context))
-                for s in self.sources]
+        return [Source(s.name, s.has_cost, partial(_support, s, self._context(s, context)),
+                       partial(_lag, s, self._context(s, context))) for s in self.sources]
 
-    def begin(self, sampler: Sampler) -> None:
+    def begin(self, sampler: Sampler, seen: Sequence[int] | None = None) -> None:
+        """Start a request. `seen`, when given, is everything the request has seen, growing with
+        its output: its whole conversation, also what the window cut or a context shift left out.
+        Sources that cost no model pass (n-gram, suffix) look up in it instead of the window they
+        are handed: a file or a tool call the conversation already holds is their best draft,
+        wherever it sits. Its end is the window's end, so their drafts continue the same tokens.
+        A draft model reads the window, which is what its own cache holds."""
+        self._seen = seen
         for s in self.sources:
             s.begin(sampler)
 
+    def _context(self, source: Drafter, context: Sequence[int]) -> Sequence[int]:
+        return context if self._seen is None or source.has_cost else self._seen
+
     def propose(self, source: int, context: Sequence[int], max_tokens: int, grammar: Grammar | None) -> Proposal:
-        return self.sources[source].propose(context, max_tokens, grammar)
+        s = self.sources[source]
+        return s.propose(self._context(s, context), max_tokens, grammar)
 
     def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
         for s in self.sources:

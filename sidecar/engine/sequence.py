@@ -118,6 +118,7 @@ class Request:
     shift: bool = False  # shift a full window and go on (Ollama's context shift) instead of stopping
     grammar_after: str | None = None  # hold `grammar` back until the output's text contains this
     preserve: frozenset[int] = frozenset()  # control tokens emitted as their text (output parsers need them)
+    lookup: list[int] | None = None  # the whole conversation where `prompt` was cut from it (HybridDrafter.begin)
 
 
 Item = str | Logprobs | Result
@@ -218,9 +219,10 @@ class Sequence:
         self.sampler = Sampler(req.sampling, self.weights.n_vocab, self.n_ctx)
         self.tokens = list(prompt)  # committed and in the window; tokens[-1] is pending (not in the KV cache yet)
         self.history = list(prompt)  # committed, shifts or not: what the penalties look back over
+        self.seen = list(req.lookup or req.prompt)  # ... and before any cut: what free drafters look up in
         drafter = self.drafter
         if drafter is not None:
-            drafter.begin(self.sampler)
+            drafter.begin(self.sampler, self.seen)
             self.result.drafter = drafter.name
         self.plan = Plan.start(self.config, self.cost, drafter.plan_sources(self.tokens) if drafter else [],
                                req.num_predict)
@@ -417,9 +419,8 @@ class Sequence:
             raw = text_of(tok)
             if trigger is not None:
                 trigger.feed(raw)  # a grammar that starts here applies from the next token on
-            tokens.append(tok)
-            history.append(tok)
-            out.append(tok)
+            for committed in (tokens, history, self.seen, out):
+                committed.append(tok)
             if self.req.logprobs is not None:
                 self.pending.append(token_logprob(logits[row], tok, self.req.logprobs, text_of))
             piece, hit = self.text.feed(raw)

@@ -162,6 +162,9 @@ class _RuntimeCollector:
                                      "Model drafts made in joint rounds of the pair's target's steps since it "
                                      "loaded: sequences that draft together where each alone would not.",
                                      labels=["model"])
+        waiting = GaugeMetricFamily(f"{PREFIX}_batch_waiting",
+                                    "Requests waiting for a free sequence of the pair's target, by class: "
+                                    "interactive (streamed) ones are admitted first.", labels=["model", "class"])
         if rt is not None:
             # The runtime counts the running requests among the pending ones: those are the
             # sequences in the targets' batches. (Clamped: a sequence whose client just left
@@ -180,6 +183,8 @@ class _RuntimeCollector:
                 rows.add_metric([entry.name], float(st.rows))
                 steps.add_metric([entry.name], float(st.steps))
                 emitted.add_metric([entry.name], float(st.tokens))
+                waiting.add_metric([entry.name, "interactive"], float(st.waiting_interactive))
+                waiting.add_metric([entry.name, "background"], float(st.waiting_background))
             targets.add_metric([], float(len({id(lm) for _, lm in pairs})))
         else:
             queue.add_metric([], 0.0)
@@ -195,6 +200,7 @@ class _RuntimeCollector:
         yield rows
         yield steps
         yield emitted
+        yield waiting
 
 
 class Metrics:

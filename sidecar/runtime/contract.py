@@ -70,6 +70,9 @@ class Job:
     truncate: bool = True  # fit the prompt to the context window (chat: drop the oldest messages)
     shift: bool = True  # when generation fills the window, shift it instead of stopping
     logprobs: int | None = None  # None: no logprobs; N: each token's, plus the N most likely alternatives
+    # Someone watches the answer come (a streamed request): when every slot is busy, it is admitted
+    # before waiting requests nobody watches (titles, tags, batch jobs), within a bound (the engine's).
+    interactive: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,10 @@ class Generation:
     shift: bool = True  # shift a full window and go on instead of stopping
     preserve: tuple[str, ...] = ()  # control tokens to emit as their text (the output parser needs them)
     format: str | dict[str, Any] | None = None  # the job's `format`, for an engine that constrains natively
+    # The whole conversation's tokens where `tokens` was fitted to the window (runtime.render):
+    # what drafters that cost no model pass look up in. None: `tokens` is all of it.
+    whole: list[int] | None = None
+    interactive: bool = False  # admitted before waiting non-interactive generations (Job.interactive)
 
 
 @dataclass(frozen=True)
@@ -184,6 +191,8 @@ class ModelStatus:
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of prefilled
     withdrawn: int = 0  # drafts its shared steps took back, as another stream could not afford them
     together: int = 0  # model drafts made in its steps' joint rounds (engine.together)
+    waiting_interactive: int = 0  # streamed requests waiting for a free sequence (runtime.admission)
+    waiting_background: int = 0  # ... and the non-streamed ones, which they go before
 
 
 class Model(Protocol):

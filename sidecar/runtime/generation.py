@@ -26,11 +26,11 @@ class ShuttingDown(Unavailable):
     """The daemon is stopping: no new work, and running generations were cut at the drain deadline."""
 
 
-async def render_text(entry: PairEntry, fmt: PairFormat, job: Job, model: Model) -> str:
+async def render_text(entry: PairEntry, fmt: PairFormat, job: Job, model: Model, num_keep: int) -> str:
     """The prompt text the job runs on (Ollama's `_debug_render_only`: after fitting the window)."""
     parser = OutputParser.start(fmt, job.prompt)
     rendered = await asyncio.to_thread(render.prepare, entry, fmt, job.prompt, model, job.truncate,
-                                       parser.rendered_tools)
+                                       parser.rendered_tools, num_keep)
     return rendered.text
 
 
@@ -39,12 +39,13 @@ async def run(engine: Engine, model: Model, entry: PairEntry, fmt: PairFormat, j
               stop: Callable[[], bool] | None = None) -> AsyncIterator[Delta | Outcome]:
     parser = OutputParser.start(fmt, job.prompt)
     rendered = await asyncio.to_thread(render.prepare, entry, fmt, job.prompt, model, job.truncate,
-                                       parser.rendered_tools)
+                                       parser.rendered_tools, opts.num_keep)
     parser.begin(rendered.text)
     gen = Generation(
         rendered.tokens, opts, bounded_num_predict(opts.num_predict, model.n_ctx), grammar,
         grammar_after=parser.end_of_thinking() if grammar else None, logprobs=job.logprobs,
         truncate=job.truncate, shift=job.shift, preserve=tuple(parser.preserved_tokens()), format=job.format,
+        whole=rendered.whole, interactive=job.interactive,
     )
     pending: list[Logprob] = []  # logprobs of tokens whose text the parser still holds
     # halt: the shutdown's drain deadline passed; stop: the request's client left
@@ -64,7 +65,8 @@ async def run(engine: Engine, model: Model, entry: PairEntry, fmt: PairFormat, j
                 pending = []
                 yield d
             if isinstance(item, Outcome):
-                yield replace(item, load_seconds=load_seconds)
+                yield replace(item, load_seconds=load_seconds,
+                              prompt_truncated=item.prompt_truncated + rendered.dropped)
     finally:
         await items.aclose()  # type: ignore[attr-defined]
 

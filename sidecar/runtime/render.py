@@ -4,15 +4,27 @@
 the loaded model's tokenizer (whatever the engine), dropping the oldest messages when the prompt
 does not fit the context window (server/prompt.go chatPrompt): system messages and the last
 message always stay.
+
+When even the system messages and the last message do not fit (an app's 6,000-token tool list in
+a 4,096-token window), Ollama's runner cuts tokens: it keeps `num_keep` tokens at the start and the
+newest ones (llm/llama_server.go completionPromptForRequest). Its cut moves with every token the
+conversation grows by, so the next turn shares only those `num_keep` tokens with the last, and the
+prefix cache cannot help. `prepare` cuts to the same length, but keeps a head that does not move:
+the rendered system part (system messages and the tools the template writes with them), up to
+half of what the cut keeps; the newest tokens fill the rest. The same conversation then cuts the
+same way, and the next turn, or a parallel request with the same system prompt and tools, finds
+that head in the prefix cache.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sidecar.config.entries import PairEntry
+from sidecar.engine.drafters import common_prefix
+from sidecar.engine.window import prompt_limit
 from sidecar.errors import ClientError, ServerError
 from sidecar.models.resolve import parse_ollama_name
 from sidecar.runtime.contract import Model, Prompt, Vocabulary
@@ -105,14 +117,19 @@ def chat_template(source: TemplateSource, vocab: Vocabulary) -> ChatTemplate:
 class Rendered:
     text: str  # the template's output (what _debug_render_only shows)
     tokens: list[int]  # what the model runs on: `context` ids, then the text's tokens
+    dropped: int = 0  # tokens the stable cut took out of `tokens` (messages dropped whole not counted)
+    # The whole conversation's tokens, nothing dropped, when `tokens` was fitted to the window:
+    # what free drafters look up in (a file or tool call the cut left out is still worth copying).
+    whole: list[int] | None = None
 
 
 def prepare(entry: PairEntry, fmt: PairFormat, prompt: Prompt, model: Model, truncate: bool,
-            tools: list[dict[str, Any]] | None = None) -> Rendered:
+            tools: list[dict[str, Any]] | None = None, num_keep: int = 4) -> Rendered:
     """Render and tokenize; with `truncate`, drop the oldest messages until the prompt fits the
-    model's window.
+    model's window, and cut the rest with a stable head if it still does not (module docstring).
 
-    `tools` are the tools as the output parser wants them rendered (harmony renames them).
+    `tools` are the tools as the output parser wants them rendered (harmony renames them);
+    `num_keep` the request's option (the head keeps at least that many tokens, as Ollama's cut).
     Blocking (templates, tokenizer): run it off the event loop."""
     if prompt.raw:
         return _tokenized(prompt.text, None, model)
@@ -133,7 +150,15 @@ def prepare(entry: PairEntry, fmt: PairFormat, prompt: Prompt, model: Model, tru
         msgs = messages(entry, fmt, prompt)
         if not truncate or prompt.template:
             return _tokenized(render(msgs), before, model)
-        return _fit(msgs, render, lambda text: _tokenized(text, before, model), model.n_ctx)
+        fitted, full = _fit(msgs, render, lambda text: _tokenized(text, before, model), model.n_ctx)
+        whole = None if fitted is full else full.tokens
+        if len(fitted.tokens) < model.n_ctx or num_keep < 0:
+            # Fits; or num_keep -1 (keep the whole prompt): the engine's cut, as Ollama's.
+            return replace(fitted, whole=whole)
+        system = [m for m in msgs if m["role"] == "system"]
+        head = common_prefix(_tokenized(render(system), before, model).tokens, fitted.tokens) if system else 0
+        add_bos = bool(model.tokenize("", add_special=True))  # Ollama's tokenizerAddsBOS: num_keep + 1
+        return stable_cut(fitted, head, model.n_ctx, num_keep + int(add_bos), whole or full.tokens)
     except TemplateError as e:
         raise PromptError(e.go) from None
 
@@ -146,9 +171,9 @@ def _tokenized(text: str, before: list[int] | None, model: Model) -> Rendered:
 
 
 def _fit(msgs: list[dict[str, Any]], render: Callable[[list[dict[str, Any]]], str],
-         tokenize: Callable[[str], Rendered], n_ctx: int) -> Rendered:
+         tokenize: Callable[[str], Rendered], n_ctx: int) -> tuple[Rendered, Rendered]:
     """Ollama's chatPrompt: the first start i whose prompt fits in n_ctx tokens, keeping the system
-    messages before it and always the last message.
+    messages before it and always the last message; and the prompt of every message (i = 0).
 
     Ollama tries i = 0, 1, 2 ... in turn; dropping messages from the front only shortens a prompt,
     so a bisection finds the same i with log(n) renders (a 5,000-message chat stays cheap)."""
@@ -162,7 +187,7 @@ def _fit(msgs: list[dict[str, Any]], render: Callable[[list[dict[str, Any]]], st
         return seen[i]
 
     if len(msgs) <= 1 or len(at(0).tokens) <= n_ctx:
-        return at(0)
+        return at(0), at(0)
     lo, hi = 1, len(msgs) - 1  # the answer is in [lo, hi]; hi (the last message alone) is taken anyway
     while lo < hi:
         mid = (lo + hi) // 2
@@ -170,4 +195,15 @@ def _fit(msgs: list[dict[str, Any]], render: Callable[[list[dict[str, Any]]], st
             hi = mid
         else:
             lo = mid + 1
-    return at(lo)
+    return at(lo), at(0)
+
+
+def stable_cut(fitted: Rendered, system: int, n_ctx: int, n_keep: int, whole: list[int]) -> Rendered:
+    """`fitted` cut to the length Ollama's runner cuts it to (`prompt_limit`), keeping its first
+    `system` tokens (the rendered system part), at most half of that length and at least `n_keep`,
+    and the newest tokens after them (module docstring)."""
+    tokens = fitted.tokens
+    limit = prompt_limit(n_ctx, min(n_keep, n_ctx - 1))
+    head = max(min(system, limit // 2), min(n_keep, limit))
+    cut = [*tokens[:head], *tokens[len(tokens) - (limit - head):]] if limit > head else tokens[:limit]
+    return Rendered(fitted.text, cut, len(tokens) - len(cut), whole)

@@ -78,7 +78,7 @@ class LlamaEngine:
             gen.tokens, opts.sampling, gen.num_predict, opts.stop, speculate=opts.draft_num_predict != 0,
             n_max=opts.draft_num_predict or None, grammar=gen.grammar, logprobs=gen.logprobs,
             truncate=gen.truncate, num_keep=opts.num_keep, shift=gen.shift, grammar_after=gen.grammar_after,
-            preserve=frozenset(lm.weights.special_ids(gen.preserve)),
+            preserve=frozenset(lm.weights.special_ids(gen.preserve)), lookup=gen.whole,
         )
 
         def make(sid: int, cancelled: Callable[[], bool]) -> Sequence:
@@ -90,7 +90,10 @@ class LlamaEngine:
 
         # Close the inner stream explicitly: an abandoned async generator is only finalised by the
         # garbage collector, and until then its sequence keeps its place in the batch.
-        items = lm.batcher.stream(req.prompt, make)
+        # Placed by the prompt the sequence will run on: a prompt cut to fit the window shares its
+        # cut with the stream that ran it before, not the uncut one's (engine.step, the prefix cache).
+        fitted = _fitted(req, lm) if req.truncate else req.prompt
+        items = lm.batcher.stream(fitted, make, interactive=gen.interactive)
         try:
             async for item in items:
                 if isinstance(item, Result):
@@ -111,7 +114,12 @@ def _own(model: Model) -> Loaded:
 
 def _used_prompt(req: Request, result: Result, lm: Loaded) -> list[int]:
     """The prompt the engine ran on: the request's, or the same cut it made to fit the window."""
-    if not result.prompt_truncated:
+    return _fitted(req, lm) if result.prompt_truncated else req.prompt
+
+
+def _fitted(req: Request, lm: Loaded) -> list[int]:
+    """The request's prompt as the sequence cuts it to fit the window (Sequence._prompt)."""
+    if len(req.prompt) < lm.n_ctx:
         return req.prompt
     return truncate_prompt(req.prompt, lm.n_ctx, req.num_keep, lm.weights.vocab_info().add_bos)
 

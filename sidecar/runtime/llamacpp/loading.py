@@ -94,10 +94,12 @@ class Loaded:
 
     def status(self) -> ModelStatus:
         stats, loop = self.loop.stats, self.loop
+        interactive, background = self.batcher.waiting()
         return ModelStatus(str(self.weights.path), self.n_ctx, self.ctx.n_seq, tuple(sorted(self.pairs)),
                            self.weights.gpu_layers, self.curve, busy=len(loop.running), steps=stats.steps,
                            rows=stats.rows, tokens=stats.tokens, cached_tokens=stats.cached_tokens,
-                           withdrawn=stats.withdrawn, together=stats.together)
+                           withdrawn=stats.withdrawn, together=stats.together,
+                           waiting_interactive=interactive, waiting_background=background)
 
 
 def vocabulary(weights: Weights) -> Vocabulary:

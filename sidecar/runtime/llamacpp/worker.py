@@ -8,10 +8,11 @@ several contexts from several threads was what made four slots slow: each native
 calls into ggml brings its own OpenMP team, and on two cores a lone stream ran at 0.7x of a
 one-slot daemon (README, Concurrency); four contexts stepped from one thread ran at full speed.
 
-Requests wait in one FIFO queue (the per-model request queue). Between steps the batcher admits
-the queue's head while a stream is free, and runs calls that must touch the context (building a
-pair's drafters: `call`; freeing them, unloading: `after`, once every request submitted before
-has finished).
+Requests wait in one queue (the per-model request queue), interactive (streamed) ones first
+within a bound, FIFO within each class (runtime.admission). Between steps the batcher admits the
+request that goes next while a stream is free, and runs calls that must touch the context
+(building a pair's drafters: `call`; freeing them, unloading: `after`, once every request
+submitted before has finished) in arrival order: no request moves ahead of a call.
 
 Each request's items go to the event loop through a bounded buffer. The batcher never waits on
 it: a sequence whose client has `maxsize` items unread from before its last step sits out the
@@ -36,6 +37,7 @@ from typing import Any, TypeVar
 from sidecar.engine.decoder import Result
 from sidecar.engine.sequence import Sequence as EngineSequence
 from sidecar.engine.step import StepLoop
+from sidecar.runtime.admission import AdmissionQueue
 
 T = TypeVar("T")
 _END = object()
@@ -117,6 +119,7 @@ class _Admit:
     make: Callable[[int, Callable[[], bool]], EngineSequence]
     sink: _Sink
     context: contextvars.Context
+    interactive: bool
 
 
 def _wake(future: asyncio.Future[None] | None) -> None:
@@ -125,14 +128,15 @@ def _wake(future: asyncio.Future[None] | None) -> None:
 
 
 class Batcher:
-    """The thread that owns a target's context: FIFO admission, one step over every running
-    sequence at a time, and the calls that need the context, in between (module docstring)."""
+    """The thread that owns a target's context: admission (interactive first, runtime.admission),
+    one step over every running sequence at a time, and the calls that need the context, in
+    between (module docstring)."""
 
     def __init__(self, name: str, loop: StepLoop) -> None:
         self.name = name
         self.loop = loop
         self._cond = threading.Condition()
-        self._queue: deque[_Admit | _Call] = deque()
+        self._queue: AdmissionQueue[_Admit | _Call] = AdmissionQueue()
         self._sinks: dict[int, _Sink] = {}  # id(sequence) -> its request's sink
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"llama:{name}", daemon=True)
@@ -147,15 +151,16 @@ class Batcher:
         return fut
 
     async def stream(self, prompt: Sequence[int], make: Callable[[int, Callable[[], bool]], EngineSequence],
-                     maxsize: int = 16) -> AsyncGenerator[Any, None]:
+                     maxsize: int = 16, interactive: bool = False) -> AsyncGenerator[Any, None]:
         """Queue a request: `make(stream, cancelled)` builds its engine sequence on the batcher's
-        thread once a stream is free; yield its items on the event loop as they come.
+        thread once a stream is free; yield its items on the event loop as they come. An
+        `interactive` one (someone watches it stream) waits ahead of those that are not.
 
         Exceptions its start or its steps raise are re-raised here. Leaving the `async for` early
         (client disconnect, server shutdown) sets the cancel flag; the sequence leaves at its
         next step, or never starts."""
         sink = _Sink(asyncio.get_running_loop(), maxsize, self._notify)
-        self._put(_Admit(prompt, make, sink, contextvars.copy_context()))
+        self._put(_Admit(prompt, make, sink, contextvars.copy_context(), interactive))
         try:
             while True:
                 item = await sink.get()
@@ -174,6 +179,11 @@ class Batcher:
 
         self.call(stop, after=True)
 
+    def waiting(self) -> tuple[int, int]:
+        """(interactive, non-interactive) requests waiting for a free stream."""
+        with self._cond:
+            return self._queue.waiting(True), self._queue.waiting(False)
+
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
@@ -190,7 +200,7 @@ class Batcher:
                 else:
                     entry.sink.put(_Failure(err))
                 return
-            self._queue.append(entry)
+            self._queue.append(entry, entry.interactive if isinstance(entry, _Admit) else None)
             self._cond.notify()
 
     def _notify(self) -> None:
@@ -217,22 +227,22 @@ class Batcher:
         return any(not sink.full or sink.cancel.is_set() for sink in self._sinks.values())
 
     def _admissible(self) -> bool:
-        """Whether the queue's head can go now (called under the lock)."""
-        if not self._queue:
+        """Whether the request or call that goes next can go now (called under the lock)."""
+        head = self._queue.peek()
+        if head is None:
             return False
-        head = self._queue[0]
         if isinstance(head, _Call):
             return not (head.after and self.loop.running)
         return not self.loop.full or head.sink.cancel.is_set()
 
     def _admit(self) -> None:
-        """Take the queue's head while it can go: calls, and requests while a stream is free."""
+        """Take what goes next while it can: calls, and requests while a stream is free."""
         loop = self.loop
         while True:
             with self._cond:
                 if not self._admissible():
                     return
-                head = self._queue.popleft()
+                head = self._queue.pop()
             if isinstance(head, _Call):
                 if head.future.set_running_or_notify_cancel():
                     try:
