@@ -6,7 +6,7 @@ import logging
 
 from aiohttp import web
 
-from sidecar.api import admin, guard, lifecycle, ollama, openai, proxy
+from sidecar.api import admin, anthropic, guard, lifecycle, ollama, openai, proxy
 from sidecar.api.pairs import RUNTIME, runtime_of
 from sidecar.api.respond import api_error, log_request, request_logged
 from sidecar.api.wire import ApiError, error_for
@@ -20,7 +20,7 @@ MAX_BODY = 64 * 1024 * 1024  # generous for long prompts and images, small enoug
 # The routes that generate (embeddings too: a pair refuses them, the upstream runs them): each
 # request to one logs one summary line (sidecar.request), whatever its end.
 GENERATION_ROUTES = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings",
-                               "/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+                               "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages"})
 MAX_LOGGED_NAME = 128  # a model name a client sent, as far as a summary line quotes it
 
 
@@ -127,6 +127,7 @@ def create_app(runtime: Runtime, *, bind_host: str = "127.0.0.1", upstream: str 
         r.add_post(path, proxy.manage)
     r.add_delete("/api/delete", proxy.manage)
     openai.setup(app)  # /v1: pairs here, other models forwarded
+    anthropic.setup(app)  # /v1/messages: the same, in Anthropic's shapes
     admin.setup(app)  # /sidecar/status, outside /api/
     proxy.add_catch_all(app)  # everything else goes to the upstream (or gin's 404 without one)
 
