@@ -323,3 +323,15 @@ def test_stream_of_thinking_text_and_a_tool_call() -> None:
     assert out[10] == {"type": "message_delta", "delta": {"stop_reason": "tool_use"},
                        "usage": {"input_tokens": 3, "output_tokens": 2, "cache_read_input_tokens": 40}}
     assert f.encode(out[-1]) == b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+
+
+def test_a_slow_first_token_keeps_the_stream_alive_with_pings() -> None:
+    """While the prefill runs (respond.KEEPALIVE), message_start and then pings; the first text
+    does not repeat message_start."""
+    class Entry:
+        name = PAIR
+
+    f = AnthropicFraming(Entry(), estimated_input=7)  # type: ignore[arg-type]
+    assert [e["type"] for e in f.waiting()] == ["message_start", "ping"]
+    assert f.waiting() == [{"type": "ping"}]
+    assert [e["type"] for e in f.delta(Delta(content="hi"))] == ["content_block_start", "content_block_delta"]

@@ -94,6 +94,12 @@ class AnthropicFraming:
             "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
             "usage": {"input_tokens": prompt_tokens or self.estimated_input, "output_tokens": 0}}}]
 
+    def waiting(self) -> list[dict[str, Any]]:
+        """While the first token is a long time coming (a long prompt's prefill on a CPU; respond's
+        KEEPALIVE): message_start with the estimate, then a `ping` each time, as Anthropic's API
+        keeps a stream alive. Beyond Ollama, which writes nothing until its first chunk."""
+        return [*self._start(0), {"type": "ping"}]
+
     def _stop_block(self) -> dict[str, Any]:
         return {"type": "content_block_stop", "index": self.index}
 
