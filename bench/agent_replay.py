@@ -290,7 +290,7 @@ def stream(url: str, messages: list[dict[str, Any]], max_tokens: int, system: st
             "input": usage.get("input_tokens", 0), "cached": usage.get("cache_read_input_tokens", 0)}
 
 
-def replay(urls: dict[str, str], rep: int, turns: int) -> list[dict[str, Any]]:
+def replay(urls: dict[str, str], rep: int, turns: int, cold_turns: int) -> list[dict[str, Any]]:
     history: list[dict[str, Any]] = [{"role": "user", "content": "Open utils.py, I want to work on it."},
                                      tool_call("toolu_read", "read_file", {"path": "utils.py"})]
     rows = []
@@ -303,7 +303,12 @@ def replay(urls: dict[str, str], rep: int, turns: int) -> list[dict[str, Any]]:
             history.append({"role": "user", "content": ask})
         order = ["ngram", "plain"] if (i + rep) % 2 == 0 else ["plain", "ngram"]
         got = {side: stream(urls[side], history, max_tokens, SYSTEM) for side in order}
-        cold = stream(urls["cold"], history, 1, f"[{uuid.uuid4().hex}] {SYSTEM}")
+        for side in order:
+            g = got[side]
+            print(f"  {side}: {g['tokens']} tokens, {g['tok_s']:.1f} tok/s, TTFT {g['ttft']:.2f}s, "
+                  f"prompt evaluated {g['input']} + cached {g['cached']}", flush=True)
+        cold = stream(urls["cold"], history, 1, f"[{uuid.uuid4().hex}] {SYSTEM}") if i < cold_turns else \
+            {"ttft": float("nan"), "input": got["plain"]["input"] + got["plain"]["cached"], "cached": 0}
         same = got["ngram"]["text"] == got["plain"]["text"]
         measured = {f"{s}_{k}": v for s in order for k, v in got[s].items() if k != "text"}
         rows.append({"turn": i + 1, "kind": kind, "same_text": same, "cold_ttft": cold["ttft"],
@@ -321,6 +326,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--num-ctx", type=int, default=8192)
     ap.add_argument("--turns", type=int, default=len(TURNS), help="replay only the first N turns")
+    ap.add_argument("--cold-turns", type=int, default=len(TURNS),
+                    help="measure the cold prefill on the first N turns only (each costs a whole prefill)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "agent_replay.json")
     args = ap.parse_args()
     rows: list[dict[str, Any]] = []
@@ -333,7 +340,8 @@ def main() -> None:
                     cfg.parent.mkdir()
                     cfg.write_text(config(draft, args.num_ctx))
                     daemons[side] = Daemon(cfg)
-                rows += [{"rep": rep, **r} for r in replay({s: d.url for s, d in daemons.items()}, rep, args.turns)]
+                urls = {s: d.url for s, d in daemons.items()}
+                rows += [{"rep": rep, **r} for r in replay(urls, rep, args.turns, args.cold_turns)]
             finally:
                 for d in daemons.values():
                     d.stop()
