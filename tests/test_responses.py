@@ -301,7 +301,7 @@ def test_translation_as_ollama_does() -> None:
 
 
 def test_codex_shaped_request_is_accepted(rd: Daemon) -> None:
-    """What the Codex CLI sends (docs/agents-codex.md): developer messages, a namespace and the
+    """What the Codex CLI sends (docs/agents.md, "Codex CLI"): developer messages, a namespace and the
     built-in web_search, `store: false`, `include`, `prompt_cache_key`, tool_choice and friends."""
     body = {
         "model": PAIR, "stream": True, "tool_choice": "auto", "parallel_tool_calls": True,

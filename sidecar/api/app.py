@@ -7,7 +7,7 @@ import logging
 
 from aiohttp import web
 
-from sidecar.api import admin, guard, lifecycle, neighbour, ollama, openai, proxy, responses
+from sidecar.api import admin, anthropic, guard, lifecycle, neighbour, ollama, openai, proxy, responses
 from sidecar.api.pairs import RUNTIME, runtime_of
 from sidecar.api.respond import api_error, log_request, request_logged
 from sidecar.api.wire import ApiError, error_for
@@ -147,6 +147,7 @@ def create_app(runtime: Runtime, *, bind_host: str = "127.0.0.1", upstream: str 
     r.add_delete("/api/delete", proxy.manage)
     openai.setup(app)  # /v1: pairs here, other models forwarded
     responses.setup(app)  # /v1/responses: the same, with its store for previous_response_id
+    anthropic.setup(app)  # /v1/messages: the same, in Anthropic's shapes
     admin.setup(app)  # /sidecar/status, outside /api/
     proxy.add_catch_all(app)  # everything else goes to the upstream (or gin's 404 without one)
 

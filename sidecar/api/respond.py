@@ -38,6 +38,10 @@ requests_log = structlog.get_logger("sidecar.request")
 
 RUNNING_THE_MODEL = "an error was encountered while running the model"
 ABORT_GRACE = 5.0  # seconds an aborted generation may take to reach its engine's next step and end
+# Seconds a stream waits for its first event before a framing that can keep it alive (Anthropic's
+# pings) opens it: Node's fetch (undici), which Claude Code runs on, gives up on a response whose
+# headers have not come in 300 s, and a long agent prompt can take longer to prefill on a CPU.
+KEEPALIVE = 15.0
 # Set once a request's summary line is written, so the app's middleware writes none of its own.
 LOGGED = web.RequestKey("sidecar_request_logged", bool) if hasattr(web, "RequestKey") else "sidecar.request_logged"
 
@@ -106,11 +110,35 @@ async def respond(request: web.Request, entry: PairEntry, job: Job, framing: Fra
     stop = threading.Event()  # set on the event loop when the client leaves; read by the engine at each step
     # A streamed answer has someone watching it: it waits for a slot ahead of those nobody watches.
     events = runtime_of(request).generate(entry, replace(job, interactive=stream), stop.is_set)
+    waiting = getattr(framing, "waiting", None) if stream else None  # Callable[[], list[dict]] | None
+    task = asyncio.ensure_future(events.__anext__())
+    resp: web.StreamResponse | None = None
     try:
-        first = await while_connected(request, events.__anext__())
-    except ClientGone:
-        return await _gone(request, entry, events, clock, stop, None)
+        while True:
+            try:
+                first = await while_connected(request, asyncio.wait_for(asyncio.shield(task),
+                                                                        KEEPALIVE if waiting else None))
+                break
+            except TimeoutError:  # (only with `waiting`) the stream opens, and its framing keeps it alive
+                assert waiting is not None
+                if resp is None:
+                    resp = web.StreamResponse(headers={"Content-Type": framing.content_type})
+                    await resp.prepare(request)
+                for chunk in waiting():
+                    await resp.write(framing.encode(chunk))
+    except (ClientGone, ConnectionResetError, ConnectionError):
+        task.cancel()  # stops the generation where it is (queued, loading, prefilling)
+        with contextlib.suppress(BaseException):
+            await task
+        await _gone(request, entry, events, clock, stop, None)
+        return resp if resp is not None else web.Response(status=499)
     except Exception as e:
+        if resp is not None:  # opened already: the failure ends the stream, as one after the first byte
+            err = _failed_mid_stream(e)
+            log_request(request, entry.name, None, f"error {err.status}", clock, reason=err.message)
+            await resp.write(framing.encode(framing.error(err.message)))
+            await resp.write_eof()
+            return resp
         err = api_error(e)
         log_request(request, entry.name, None, f"error {err.status}", clock, reason=err.message)
         raise err from e
@@ -118,7 +146,7 @@ async def respond(request: web.Request, entry: PairEntry, job: Job, framing: Fra
         return framing.whole([], first)
     if not stream:
         return await _whole(request, entry, framing, events, first, clock, stop)
-    return await _stream(request, entry, framing, events, first, clock, stop)
+    return await _stream(request, entry, framing, events, first, clock, stop, resp)
 
 
 async def _gone(request: web.Request, entry: PairEntry, events: AsyncIterator[Delta | Outcome],
@@ -194,9 +222,12 @@ async def _whole(request: web.Request, entry: PairEntry, framing: Framing, event
 
 
 async def _stream(request: web.Request, entry: PairEntry, framing: Framing, events: AsyncIterator[Delta | Outcome],
-                  ev: Delta | Outcome, clock: metrics.TokenClock, stop: threading.Event) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": framing.content_type})
-    await resp.prepare(request)
+                  ev: Delta | Outcome, clock: metrics.TokenClock, stop: threading.Event,
+                  resp: web.StreamResponse | None = None) -> web.StreamResponse:
+    """`resp`: the response already opened while the first event was awaited (KEEPALIVE)."""
+    if resp is None:
+        resp = web.StreamResponse(headers={"Content-Type": framing.content_type})
+        await resp.prepare(request)
     try:
         while isinstance(ev, Delta):
             if client_gone(request):

@@ -8,7 +8,7 @@ ResponsesStreamConverter). This module and api.responses_input are that translat
 more: the request (read there) becomes the same `Job` /api/chat makes, api.respond runs it, and
 `ResponsesFraming` writes it.
 
-Where the daemon goes beyond Ollama (docs/agents-codex.md says why):
+Where the daemon goes beyond Ollama (docs/agents.md, "Codex CLI" says why):
 
 - `previous_response_id`: Ollama ignores it (docs/api/openai-compatibility.mdx: "stateful
   v1/responses not supported"). Here a bounded in-memory store keeps each stored response's input

@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import re
+import secrets
 from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -45,8 +46,20 @@ def openai_error(status: int, message: str) -> web.Response:
     return web.Response(status=status, text=dumps(body), content_type="application/json")
 
 
+def anthropic_error(status: int, message: str) -> web.Response:
+    """Anthropic's error object, with the type anthropic.NewError gives each status (anthropic/anthropic.go)."""
+    kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+            404: "not_found_error", 429: "rate_limit_error", 503: "overloaded_error",
+            529: "overloaded_error"}.get(status, "api_error")
+    body = {"type": "error", "error": {"type": kind, "message": message}, "request_id": f"req_{secrets.token_hex(12)}"}
+    return web.Response(status=status, text=dumps(body), content_type="application/json")
+
+
 def error_for(request: web.Request, status: int, message: str) -> web.Response:
-    """An error in the shape the route's clients expect: OpenAI's under /v1, Ollama's elsewhere."""
+    """An error in the shape the route's clients expect: Anthropic's under /v1/messages, OpenAI's
+    elsewhere under /v1, Ollama's elsewhere."""
+    if request.path.startswith("/v1/messages"):
+        return anthropic_error(status, message)
     if request.path.startswith("/v1/"):
         return openai_error(status, message)
     return error_response(status, message)

@@ -26,12 +26,12 @@ class ShuttingDown(Unavailable):
     """The daemon is stopping: no new work, and running generations were cut at the drain deadline."""
 
 
-async def render_text(entry: PairEntry, fmt: PairFormat, job: Job, model: Model, num_keep: int) -> str:
-    """The prompt text the job runs on (Ollama's `_debug_render_only`: after fitting the window)."""
+async def rendered(entry: PairEntry, fmt: PairFormat, job: Job, model: Model, num_keep: int) -> render.Rendered:
+    """The prompt the job runs on, as text (Ollama's `_debug_render_only`: after fitting the window
+    unless the job says not to) and as tokens (what /v1/messages/count_tokens counts)."""
     parser = OutputParser.start(fmt, job.prompt)
-    rendered = await asyncio.to_thread(render.prepare, entry, fmt, job.prompt, model, job.truncate,
-                                       parser.rendered_tools, num_keep)
-    return rendered.text
+    return await asyncio.to_thread(render.prepare, entry, fmt, job.prompt, model, job.truncate,
+                                   parser.rendered_tools, num_keep)
 
 
 async def run(engine: Engine, model: Model, entry: PairEntry, fmt: PairFormat, job: Job, opts: Effective,

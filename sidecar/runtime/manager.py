@@ -381,7 +381,14 @@ class Runtime:
         """The prompt text a job would run on (Ollama's `_debug_render_only`), fitted to the window."""
         opts, _, fmt, job = self._admit(entry, job)
         model, _ = await self.load(entry, opts.num_ctx, opts.num_gpu)
-        return await generation.render_text(entry, fmt, job, model, opts.num_keep)
+        return (await generation.rendered(entry, fmt, job, model, opts.num_keep)).text
+
+    async def count_tokens(self, entry: PairEntry, job: Job) -> int:
+        """The tokens of the prompt a job would run on, by the pair's own template and tokenizer
+        (Anthropic's count_tokens; loading the pair if it is not loaded)."""
+        opts, _, fmt, job = self._admit(entry, job)
+        model, _ = await self.load(entry, opts.num_ctx, opts.num_gpu)
+        return len((await generation.rendered(entry, fmt, job, model, opts.num_keep)).tokens)
 
     async def _load_only(self, entry: PairEntry, job: Job, opts: Effective) -> Outcome:
         """A job with an empty prompt: load the model (keeping it for keep_alive), or unload it."""
