@@ -41,6 +41,8 @@ class FakeServed:
     cached_tokens: int = 0
     withdrawn: int = 0
     together: int = 0
+    step_seconds: tuple[tuple[float, ...], tuple[int, ...], float] | None = None
+    host_seconds: tuple[tuple[float, ...], tuple[int, ...], float] | None = None
 
     def status(self) -> FakeServed:
         return self

@@ -37,7 +37,7 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
 PREFIX = "sidecar"
@@ -148,6 +148,14 @@ class _RuntimeCollector:
                                      "Model drafts made in joint rounds of the pair's target's steps since it "
                                      "loaded: sequences that draft together where each alone would not.",
                                      labels=["model"])
+        # The step loop keeps these two histograms itself (engine.hosttime), so a step books no
+        # Prometheus call; read here, per pair on the target, as the gauges are.
+        steps = HistogramMetricFamily(f"{PREFIX}_step_seconds",
+                                      "Wall seconds of each step (one batched decode) of the pair's target.",
+                                      labels=["model"])
+        host = HistogramMetricFamily(f"{PREFIX}_step_host_seconds",
+                                     "Seconds of each step of the pair's target spent on the host: all but "
+                                     "llama_decode and waiting for its results.", labels=["model"])
         if rt is not None:
             # The runtime counts the running requests among the pending ones: those are the
             # sequences in the targets' batches. (Clamped: a sequence whose client just left
@@ -163,6 +171,12 @@ class _RuntimeCollector:
                 cached.add_metric([entry.name], float(st.cached_tokens))
                 withdrawn.add_metric([entry.name], float(st.withdrawn))
                 together.add_metric([entry.name], float(st.together))
+                for family, hist in ((steps, st.step_seconds), (host, st.host_seconds)):
+                    if hist is not None:
+                        bounds, counts, total = hist
+                        buckets = [*((repr(b), c) for b, c in zip(bounds, counts[:-1], strict=True)),
+                                   ("+Inf", counts[-1])]
+                        family.add_metric([entry.name], buckets, sum_value=total)
             targets.add_metric([], float(len({id(lm) for _, lm in pairs})))
         else:
             queue.add_metric([], 0.0)
@@ -175,6 +189,8 @@ class _RuntimeCollector:
         yield cached
         yield withdrawn
         yield together
+        yield steps
+        yield host
 
 
 class Metrics:

@@ -180,6 +180,12 @@ class ModelStatus:
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of prefilled
     withdrawn: int = 0  # drafts its shared steps took back, as another stream could not afford them
     together: int = 0  # model drafts made in its steps' joint rounds (engine.together)
+    # Its steps' wall seconds and the host's part of them (all but llama_decode and waiting for
+    # it), each as a histogram: bucket bounds, cumulative counts with +Inf last, and their sum;
+    # None where the engine does not time its steps (vLLM's server steps itself).
+    step_seconds: tuple[tuple[float, ...], tuple[int, ...], float] | None = None
+    host_seconds: tuple[tuple[float, ...], tuple[int, ...], float] | None = None
+    host_share: float | None = None  # the host's share of the recent steps' wall time
 
 
 class Model(Protocol):

@@ -91,7 +91,8 @@ class Loaded:
         return ModelStatus(str(self.weights.path), self.n_ctx, self.ctx.n_seq, tuple(sorted(self.pairs)),
                            self.weights.gpu_layers, self.curve, busy=len(loop.running), steps=stats.steps,
                            rows=stats.rows, cached_tokens=stats.cached_tokens, withdrawn=stats.withdrawn,
-                           together=stats.together)
+                           together=stats.together, step_seconds=loop.host.step.cumulative(),
+                           host_seconds=loop.host.host.cumulative(), host_share=loop.host.share)
 
 
 def vocabulary(weights: Weights) -> Vocabulary:
