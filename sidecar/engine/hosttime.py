@@ -19,7 +19,7 @@ draft whose rows cost the device little can cost the host more than the tokens i
 
 from __future__ import annotations
 
-from collections import deque
+from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +31,7 @@ HOST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.03
 
 RECENT = 256
 """Steps the share and the fit look back over: a few seconds of decoding on a GPU, a few on a CPU."""
-FIT_EVERY = 16  # steps between two fits (a least-squares fit of RECENT x 5 costs ~50 us)
+FIT_EVERY = 64  # steps between two fits (a fit of RECENT x 5 costs ~0.1 ms: ~2 us a step)
 MIN_DRAFTING = 8  # steps with drafts a window needs before it prices drafts (else the price stays)
 FADE = 0.98
 """Where the window holds too few drafting steps to fit, a fit brings the draft's price this much
@@ -52,8 +52,7 @@ class Histogram:
         self.total = 0.0
 
     def observe(self, value: float) -> None:
-        i = next((i for i, b in enumerate(self.bounds) if value <= b), len(self.bounds))
-        self.counts[i] += 1
+        self.counts[bisect_left(self.bounds, value)] += 1  # the first bound >= value, else +Inf
         self.total += value
 
     def cumulative(self) -> tuple[tuple[float, ...], tuple[int, ...], float]:
@@ -90,8 +89,10 @@ class HostTime:
         self.step = Histogram(STEP_BUCKETS)
         self.host = Histogram(HOST_BUCKETS)
         self.price = HostPrice()
-        self._recent: deque[tuple[float, float, float, float, float, float, float]] = deque(maxlen=RECENT)
-        self._wall = self._host = 0.0  # sums over _recent
+        # The recent steps, a ring: wall, host, then the features (1, sequences, tokens, drafting, rows).
+        self._recent: list[tuple[float, float, float, int, int, int, int]] = []
+        self._at = 0
+        self._wall = self._host = 0.0  # sums over the ring
         self._since_fit = 0
 
     def observe(self, wall: float, host: float, seqs: int, tokens: int, drafting: int, rows: int) -> None:
@@ -100,12 +101,16 @@ class HostTime:
         host = min(max(host, 0.0), wall)
         self.step.observe(wall)
         self.host.observe(host)
+        row = (wall, host, 1.0, seqs, tokens, drafting, rows)
         recent = self._recent
-        if len(recent) == recent.maxlen:
-            old = recent[0]
+        if len(recent) < RECENT:
+            recent.append(row)
+        else:
+            old = recent[self._at]
             self._wall -= old[0]
             self._host -= old[1]
-        recent.append((wall, host, 1.0, float(seqs), float(tokens), float(drafting), float(rows)))
+            recent[self._at] = row
+            self._at = (self._at + 1) % RECENT
         self._wall += wall
         self._host += host
         self._since_fit += 1
@@ -121,7 +126,7 @@ class HostTime:
     def _fit(self) -> None:
         """Least squares of the recent steps' host seconds on what they held; coefficients held at
         0 or above (a negative price would buy drafts for their own sake)."""
-        data = np.asarray(self._recent)
+        data = np.array(self._recent, dtype=np.float64)
         host, x = data[:, 1], data[:, 2:]
         drafting = int(np.count_nonzero(x[:, 3]))
         cols = [0, 1, 2, 3, 4] if drafting >= MIN_DRAFTING else [0, 1, 2]
