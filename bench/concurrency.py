@@ -5,7 +5,7 @@ One run alternates several servers, each a real subprocess on a free loopback po
 ChatML-rendered, stream i gets prompt i mod 4):
 
 - ``old``: ``sidecar serve`` at an older revision (``--old-rev``, default e88eaee), from a git
-  worktree at /tmp/sidecar-old (created once), ``draft: none``; ``old+ngram`` and
+  worktree at /tmp/sidecar-old-REV (created once), ``draft: none``; ``old+ngram`` and
   ``old-padded+draft`` (with ``--padded``'s models) the same revision with ``batched+ngram``'s and
   ``padded+draft``'s drafts, for a change to speculation measured against the revision before it;
 - ``batched`` / ``batched+ngram``: the working tree's daemon, ``draft: none`` / ``draft: ngram``;
@@ -1102,7 +1102,9 @@ def main(argv: list[str] | None = None) -> int:
         names += [c for c in PADDED_CONFIGS if c not in names]
     if any("padded" in n for n in names):
         ensure_padded()
-    old_root = old_worktree(args.old_rev) if any(n.startswith("old") for n in names) else None
+    # A worktree per revision: another run beside this one may hold OLD_TREE at another revision.
+    old_root = (old_worktree(args.old_rev, Path(f"{OLD_TREE}-{args.old_rev}"))
+                if any(n.startswith("old") for n in names) else None)
     target = cut_smollm2(args.cut) if args.cut else None
     configs = [replace(c, steplog=args.steplog) for c in make_configs(names, old_root, target)]
     for root in {c.root for c in configs if c.kind == "daemon"}:

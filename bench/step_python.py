@@ -48,6 +48,7 @@ ROW = 0.70  # ... and what each further row adds, in one-row steps (SmolLM2 on 2
 SHARED, BESIDE, DEPTH = 1.25, 1.3, 0.05  # factors as a daemon learns them at N = 4 on 2 cores
 T_DRAFT = 0.004  # a model draft step's fixed price (s): a quarter of the target's step
 MODES = ("plain", "ngram", "suffix", "model")
+THREADS = int(os.environ.get("STEP_THREADS", "1"))  # llama.cpp threads of the decodes
 
 
 def gemma_path() -> Path:
@@ -103,7 +104,9 @@ def child(n: int, mode: str, model: str, tokens: int, out: Path) -> None:
     llama.Context._run = timed  # type: ignore[method-assign]
     path = resolve(SMOLLM2).path if model == "smollm2" else gemma_path()
     weights = Weights(path)  # every layer on the GPU where llama.cpp was built for one
-    params = ContextParams(n_ctx=1024, n_batch=512, n_seq=n, n_threads=2)
+    # One thread: the host's time is what is measured, and two threads on a shared machine stall
+    # each other at every op (a plain step of 8 rows took 13-150 s at a load of 15 on 2 cores).
+    params = ContextParams(n_ctx=1024, n_batch=512, n_seq=n, n_threads=THREADS)
     ctx = Context(weights, params)
     draft_ctx = Context(weights, params) if mode == "model" else None
     loop = StepLoop(ctx)

@@ -22,8 +22,6 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-import numpy as np
-
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048)
 """Upper bounds of `sidecar_step_seconds`: a GPU step of a small model (~1 ms) to a CPU's long prefill."""
 HOST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128)
@@ -89,10 +87,14 @@ class HostTime:
         self.step = Histogram(STEP_BUCKETS)
         self.host = Histogram(HOST_BUCKETS)
         self.price = HostPrice()
-        # The recent steps, a ring: wall, host, then the features (1, sequences, tokens, drafting, rows).
-        self._recent: list[tuple[float, float, float, int, int, int, int]] = []
+        # The recent steps, a ring of (wall, host, features); the features are (1, sequences,
+        # tokens, drafting, rows). The fit's sums over the ring (x x^T, x host) move with it.
+        self._recent: list[tuple[float, float, tuple[float, ...]]] = []
         self._at = 0
-        self._wall = self._host = 0.0  # sums over the ring
+        self._wall = self._host = 0.0
+        self._xx = [[0.0] * FEATURES for _ in range(FEATURES)]
+        self._xy = [0.0] * FEATURES
+        self._drafting = 0  # steps with drafts in the ring
         self._since_fit = 0
 
     def observe(self, wall: float, host: float, seqs: int, tokens: int, drafting: int, rows: int) -> None:
@@ -101,22 +103,32 @@ class HostTime:
         host = min(max(host, 0.0), wall)
         self.step.observe(wall)
         self.host.observe(host)
-        row = (wall, host, 1.0, seqs, tokens, drafting, rows)
+        x = (1.0, float(seqs), float(tokens), float(drafting), float(rows))
         recent = self._recent
         if len(recent) < RECENT:
-            recent.append(row)
+            recent.append((wall, host, x))
         else:
             old = recent[self._at]
-            self._wall -= old[0]
-            self._host -= old[1]
-            recent[self._at] = row
+            recent[self._at] = (wall, host, x)
             self._at = (self._at + 1) % RECENT
-        self._wall += wall
-        self._host += host
+            self._book(old[0], old[1], old[2], -1.0)
+        self._book(wall, host, x, 1.0)
         self._since_fit += 1
         if self._since_fit >= FIT_EVERY:
             self._since_fit = 0
             self._fit()
+
+    def _book(self, wall: float, host: float, x: tuple[float, ...], sign: float) -> None:
+        self._wall += sign * wall
+        self._host += sign * host
+        self._drafting += int(sign) if x[3] > 0 else 0
+        xx, xy = self._xx, self._xy
+        for i, xi in enumerate(x):
+            if xi:
+                xy[i] += sign * xi * host
+                row = xx[i]
+                for j, xj in enumerate(x):
+                    row[j] += sign * xi * xj
 
     @property
     def share(self) -> float:
@@ -124,26 +136,48 @@ class HostTime:
         return self._host / self._wall if self._wall > 0 else 0.0
 
     def _fit(self) -> None:
-        """Least squares of the recent steps' host seconds on what they held; coefficients held at
-        0 or above (a negative price would buy drafts for their own sake)."""
-        data = np.array(self._recent, dtype=np.float64)
-        host, x = data[:, 1], data[:, 2:]
-        drafting = int(np.count_nonzero(x[:, 3]))
-        cols = [0, 1, 2, 3, 4] if drafting >= MIN_DRAFTING else [0, 1, 2]
-        coef = np.zeros(5)
-        keep = list(cols)
+        """Least squares of the recent steps' host seconds on what they held, by the normal
+        equations over the ring's sums (five features: plain Python, no BLAS, whose threads would
+        spin beside llama.cpp's on the cores it decodes on); coefficients held at 0 or above (a
+        negative price would buy drafts for their own sake)."""
+        enough = self._drafting >= MIN_DRAFTING
+        keep = list(range(FEATURES if enough else 3))
+        coef = [0.0] * FEATURES
         # Non-negative least squares the simple way: drop a feature whose coefficient comes out
         # negative and fit again (five features at most, so a few rounds at most).
         while keep:
-            got, *_ = np.linalg.lstsq(x[:, keep], host, rcond=None)
-            if (got >= 0).all():
-                coef[keep] = got
+            got = _solve([[self._xx[i][j] for j in keep] for i in keep], [self._xy[i] for i in keep])
+            if all(g >= 0 for g in got):
+                for i, g in zip(keep, got, strict=True):
+                    coef[i] = g
                 break
-            keep = [c for c, g in zip(keep, got, strict=True) if g > 0]
+            keep = [i for i, g in zip(keep, got, strict=True) if g > 0]
         p = self.price
-        p.fixed, p.seq, p.token = float(coef[0]), float(coef[1]), float(coef[2])
-        if drafting >= MIN_DRAFTING:
-            p.drafting, p.row = float(coef[3]), float(coef[4])
+        p.fixed, p.seq, p.token = coef[0], coef[1], coef[2]
+        if enough:
+            p.drafting, p.row = coef[3], coef[4]
         else:
             p.drafting *= FADE
             p.row *= FADE
+
+
+FEATURES = 5
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """x with a x = b for a small symmetric positive semi-definite a (normal equations), by
+    Gaussian elimination with a ridge of 1e-9 of the diagonal: features that always move together
+    (the fixed part and the sequences, at one N) share their price instead of failing the fit."""
+    n = len(b)
+    ridge = 1e-9 * max((a[i][i] for i in range(n)), default=0.0) + 1e-18
+    m = [[*(a[i][j] + (ridge if i == j else 0.0) for j in range(n)), b[i]] for i in range(n)]
+    for c in range(n):
+        pivot = max(range(c, n), key=lambda r: abs(m[r][c]))
+        m[c], m[pivot] = m[pivot], m[c]
+        if abs(m[c][c]) < 1e-30:
+            continue
+        for r in range(n):
+            if r != c and m[r][c]:
+                f = m[r][c] / m[c][c]
+                m[r] = [v - f * w for v, w in zip(m[r], m[c], strict=True)]
+    return [m[i][n] / m[i][i] if abs(m[i][i]) >= 1e-30 else 0.0 for i in range(n)]
