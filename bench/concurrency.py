@@ -5,7 +5,7 @@ One run alternates several servers, each a real subprocess on a free loopback po
 ChatML-rendered, stream i gets prompt i mod 4):
 
 - ``old``: ``sidecar serve`` at an older revision (``--old-rev``, default e88eaee), from a git
-  worktree at /tmp/sidecar-old (created once), ``draft: none``; ``old+ngram`` and
+  worktree at /tmp/sidecar-old-REV (created once), ``draft: none``; ``old+ngram`` and
   ``old-padded+draft`` (with ``--padded``'s models) the same revision with ``batched+ngram``'s and
   ``padded+draft``'s drafts, for a change to speculation measured against the revision before it;
 - ``batched`` / ``batched+ngram``: the working tree's daemon, ``draft: none`` / ``draft: ngram``;
@@ -217,15 +217,31 @@ class Config:
         return self.name.split("@")[0]
 
 
-def make_configs(names: Sequence[str], old_root: Path | None) -> list[Config]:
-    smol = str(ls.smollm2_path())
+def cut_smollm2(layers: int) -> Path:
+    """SmolLM2 cut to its first `layers` layers (bench/derive_models.py), derived once: a target
+    whose step is as cheap as a GPU's (2 layers: llama-server's plain step ~2.7 ms on 2 cores), so
+    the host's time per step shows as it does on a GPU (issue #54)."""
+    path = ls.OUT / "models" / f"smollm2-trunc{layers}.gguf"
+    if not path.is_file():
+        from derive_models import truncate
+
+        _log(f"deriving {path}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        truncate(ls.smollm2_path(), path, n_layers=layers)
+    return path
+
+
+def make_configs(names: Sequence[str], old_root: Path | None, target: Path | None = None) -> list[Config]:
+    """The servers named; `target` replaces SmolLM2 as every non-padded server's model (--cut)."""
+    smol = str(target or ls.smollm2_path())
+    ref = str(target) if target else SMOLLM2_REF
     padded = str(PADDED)
     known: dict[str, Callable[[], Config]] = {
-        "old": lambda: Config("old", "daemon", SMOLLM2_REF, root=old_root or REPO),
-        "old+ngram": lambda: Config("old+ngram", "daemon", SMOLLM2_REF, root=old_root or REPO, draft="ngram"),
-        "batched": lambda: Config("batched", "daemon", SMOLLM2_REF),
-        "batched+ngram": lambda: Config("batched+ngram", "daemon", SMOLLM2_REF, draft="ngram"),
-        "batched-np4": lambda: Config("batched-np4", "daemon", SMOLLM2_REF, parallel=EXTRA_PARALLEL),
+        "old": lambda: Config("old", "daemon", ref, root=old_root or REPO),
+        "old+ngram": lambda: Config("old+ngram", "daemon", ref, root=old_root or REPO, draft="ngram"),
+        "batched": lambda: Config("batched", "daemon", ref),
+        "batched+ngram": lambda: Config("batched+ngram", "daemon", ref, draft="ngram"),
+        "batched-np4": lambda: Config("batched-np4", "daemon", ref, parallel=EXTRA_PARALLEL),
         "llama-server-none": lambda: Config("llama-server-none", "llama-server", smol, extra=("--spec-type", "none")),
         "llama-server-ngram-mod": lambda: Config("llama-server-ngram-mod", "llama-server", smol,
                                                  extra=("--spec-type", "ngram-mod")),
@@ -1074,6 +1090,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix", action="store_true", help="TTFT of a chat's turn 2 and of a shared system prompt")
     ap.add_argument("--sequential", action="store_true", help="one server up at a time (per N, rep, server)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--cut", type=int, default=None,
+                    help="SmolLM2 cut to this many layers as the target (2: a GPU-shaped step)")
     ap.add_argument("--steplog", action="store_true",
                     help="log every daemon's shared steps beside its log (bench/steplog.py, replay_prices.py)")
     args = ap.parse_args(argv)
@@ -1084,8 +1102,11 @@ def main(argv: list[str] | None = None) -> int:
         names += [c for c in PADDED_CONFIGS if c not in names]
     if any("padded" in n for n in names):
         ensure_padded()
-    old_root = old_worktree(args.old_rev) if any(n.startswith("old") for n in names) else None
-    configs = [replace(c, steplog=args.steplog) for c in make_configs(names, old_root)]
+    # A worktree per revision: another run beside this one may hold OLD_TREE at another revision.
+    old_root = (old_worktree(args.old_rev, Path(f"{OLD_TREE}-{args.old_rev}"))
+                if any(n.startswith("old") for n in names) else None)
+    target = cut_smollm2(args.cut) if args.cut else None
+    configs = [replace(c, steplog=args.steplog) for c in make_configs(names, old_root, target)]
     for root in {c.root for c in configs if c.kind == "daemon"}:
         _check_import_root(root)
     binary = ls.build() if any(c.kind == "llama-server" for c in configs) else None
@@ -1124,7 +1145,8 @@ def main(argv: list[str] | None = None) -> int:
         data["extras"] = extras(configs, args)
         save()
 
-    print(f"\n## Concurrency: SmolLM2-135M Q4_1, greedy, {args.tokens} tokens per stream, {args.reps} reps, "
+    cut = f" cut to {args.cut} layers" if args.cut else ""
+    print(f"\n## Concurrency: SmolLM2-135M Q4_1{cut}, greedy, {args.tokens} tokens per stream, {args.reps} reps, "
           f"threads {args.threads}, cpu {os.cpu_count()}, old = {args.old_rev}"
           f"{', one server at a time' if args.sequential else ''}\n")  # fmt: skip
     if meta["llama_server"]:

@@ -58,8 +58,11 @@ CMAKE_FLAGS = (
 )
 # Same settings for every server: CPU only, llama-cpp-python's batch sizes, FA off, one slot, no RAM
 # prompt cache; threads (-t/-tb, and the draft's, which default to them) come from --threads.
+# BENCH_NGL offloads layers (target's and draft's) where llama-server was built for a GPU
+# (bench/gpu_check.sh: 99); unset, everything stays on the CPU.
+NGL = os.environ.get("BENCH_NGL", "0")
 COMMON_ARGS = ("-c", "4096", "-b", "512", "-ub", "512", "-fa", "off", "-np", "1",
-               "-ngl", "0", "--no-warmup", "--no-webui", "-cram", "0")  # fmt: skip
+               "-ngl", NGL, "--no-warmup", "--no-webui", "-cram", "0")  # fmt: skip
 SHORT_TOKENS = 8
 HEALTH_TIMEOUT_S = 180.0
 REQUEST_TIMEOUT_S = 900.0
@@ -131,7 +134,7 @@ def smollm2_path() -> Path:
 
 def model_variants(draft: Path) -> dict[str, tuple[str, ...]]:
     """Draft-model variants: our sidecar's settings (n_max 8, p_min 0.5) and this revision's defaults."""
-    base = ("--spec-type", "draft-simple", "-md", str(draft), "-ngld", "0")
+    base = ("--spec-type", "draft-simple", "-md", str(draft), "-ngld", NGL)
     return {
         "n8-p0.5": (*base, "--spec-draft-n-max", "8", "--spec-draft-p-min", "0.5"),
         "default": base,  # --spec-draft-n-max 3, --spec-draft-p-min 0.0

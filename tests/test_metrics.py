@@ -46,6 +46,8 @@ class FakeServed:
     together: int = 0
     waiting_interactive: int = 0
     waiting_background: int = 0
+    step_seconds: tuple[tuple[float, ...], tuple[int, ...], float] | None = None
+    host_seconds: tuple[tuple[float, ...], tuple[int, ...], float] | None = None
 
     def status(self) -> FakeServed:
         return self

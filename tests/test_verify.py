@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from sidecar.engine.verify import DistFn, verify_greedy, verify_rejection, verify_sample_and_match
+from sidecar.engine.verify import DistFn, verify_greedy, verify_greedy_rows, verify_rejection, verify_sample_and_match
 from tests.stats import chi2_sf
 
 pytestmark = pytest.mark.pure
@@ -184,6 +184,22 @@ def test_greedy_accepts_the_matching_prefix_and_adds_the_bonus() -> None:
     assert verify_greedy([2, 4, 1], _fixed(rows)) == (3, 5)
     assert verify_greedy([2, 3, 1], _fixed(rows)) == (1, 4)
     assert verify_greedy([], _fixed(rows)) == (0, 2)
+
+
+def test_greedy_rows_in_blocks_answer_as_row_by_row() -> None:
+    """The block-wise argmax on raw logits (engine.sequence's plain greedy path) keeps what
+    verify_greedy keeps, wherever the first mismatch falls (blocks of 1, 2, 4, ... rows), ties
+    included (the first index, as np.argmax)."""
+    rng = np.random.default_rng(5)
+    for _ in range(500):
+        k = int(rng.integers(0, 70))
+        logits = rng.integers(0, 4, size=(k + 1, 7)).astype(np.float32)  # small ints: many ties
+        best = logits.argmax(axis=1)
+        draft = [int(t) for t in best[:k]]
+        if k and rng.random() < 0.7:
+            i = int(rng.integers(0, k))
+            draft[i] = (draft[i] + 1) % 7
+        assert verify_greedy_rows(logits, draft) == verify_greedy(draft, lambda i, lg=logits: lg[i])
 
 
 # -- two tokens: the decode loop -------------------------------------------------------------------

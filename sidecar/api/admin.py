@@ -76,6 +76,7 @@ def models(rt: Runtime) -> list[dict[str, Any]]:
             "cached_tokens": s.cached_tokens,  # prompt tokens the prefix cache saved
             "withdrawn_drafts": s.withdrawn,  # drafts a shared step took back (README, Concurrency)
             "joint_drafts": s.together,  # model drafts made in joint rounds (README, Concurrency)
+            "host_share": None if s.host_share is None else round(s.host_share, 3),  # engine.hosttime
             "cost_curve": s.cost_curve,  # cached, measured, or provisional (disturbed: online estimates take over)
             "expires_in": round(s.expires_at - time.time(), 1) if s.expires_at is not None else None,
         })

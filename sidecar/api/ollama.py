@@ -131,6 +131,8 @@ async def ps(request: web.Request) -> web.Response:
         item["sidecar"] = {"parallel": s.parallel, "busy": s.busy,
                            "rows_per_step": round(s.rows / s.steps, 2) if s.steps else 0.0,
                            "cached_tokens": s.cached_tokens}
+        if s.host_share is not None:  # the step loop's own time, of its recent steps' (engine.hosttime)
+            item["sidecar"]["host_share"] = round(s.host_share, 3)
         models.append(item)
     models.sort(key=lambda m: m["expires_at"], reverse=True)
     return json_response({"models": models + await _upstream_models(request, "/api/ps")})

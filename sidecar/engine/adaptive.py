@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sidecar.engine.hosttime import HostPrice
 from sidecar.engine.layout import Layout, passes, shapes
 from sidecar.engine.timing import Calibration
 
@@ -142,6 +143,9 @@ class CostModel(Calibration):
         self.explored: set[str] = set()  # costly sources probed once already, evidence or not
         # The load's prices as shares of its one-row step (anchor): t_step, t_draft, t_catchup.
         self._quiet: tuple[list[float], float, float] | None = None
+        # What the host's work costs a step (engine.hosttime): the step loop the pair's requests
+        # run in fits it and hands it over (StepLoop.add); 0 until then (a plain Decoder, tests).
+        self.host = HostPrice()
         self.set_provisional(False)  # provisional: the load-time measurement looked disturbed (calibrate)
         self.calibration_seconds = 0.0
         # (a step's others' rows, its cells, the curve priced by, their decode's price, (seq, n) ->

@@ -161,6 +161,19 @@ class Plan:
             return same[n]
         return self.cost.added(n, step)
 
+    def _host_base(self, step: Step) -> float:
+        """The host's seconds for a step of these sequences whatever they draft (engine.hosttime):
+        its fixed part and each decoding sequence's."""
+        host = self.cost.host
+        return host.fixed + host.seq * (len(step.rows) + 1)
+
+    def _plain_rate(self, step: Step) -> float:
+        """Tokens per second of the step with this sequence's round plain: the others' expected
+        tokens and its one over the device's seconds and the host's."""
+        cost, tokens = self.cost, step.tokens + 1.0
+        seconds = cost.batch(step.rows, step.cells) + cost.added(1, step) + self._host_base(step)
+        return tokens / (seconds + cost.host.token * tokens)
+
     def _best(self, i: int, support: Support, k_cap: int, pad_cap: int, step: Step = ALONE, retry: bool = False
               ) -> tuple[int, int, float, float]:
         """Source i's best draft length and batch rows, the round's expected tokens per second and
@@ -186,8 +199,11 @@ class Plan:
         if t[1] <= 0:
             return 0, 1, 0.0, 0.0
         src = self.sources[i]
-        shared, others = cost.batch(step.rows, step.cells), step.tokens
-        plain = (others + 1.0) / (shared + cost.added(1, step))
+        others, host = step.tokens, cost.host
+        # The step's seconds before this sequence's rows: the others' rows on the device, and the
+        # host's work for the step (engine.hosttime); each token emitted costs the host too.
+        shared = cost.batch(step.rows, step.cells) + self._host_base(step)
+        plain = self._plain_rate(step)
         need = (1.0 if self._last == self._key(i, support) and not step.rows else self.config.min_gain) * plain
         t_d = cost.t_draft if src.has_cost else 0.0
         switch = cost.t_switch if self._warm else 0.0  # a batch now costs the warm plain steps
@@ -205,12 +221,13 @@ class Plan:
                 break  # the rows from here on add (almost) no tokens
             prev_k, prev_e = k, e
             for n in (k + 1, stretch) if stretch > k + 1 and stretch - 1 <= pad_cap else (k + 1,):
-                seconds = round_seconds(k, t_d, self._rows_cost(n, step), switch)
-                rate = (others + e) / (shared + seconds)
+                # The draft's host work (proposing, pricing, verifying its rows) is the step's too.
+                seconds = round_seconds(k, t_d, self._rows_cost(n, step), switch) + host.draft(k)
+                rate = (others + e) / (shared + seconds + host.token * (others + e))
                 if rate <= need:
                     continue
                 # Inside a stretch the round's own price ranks; a stretch's first round sets its shape.
-                rank = rate if stretch or not same else e / round_seconds(k, t_d, same[n])
+                rank = rate if stretch or not same else e / (round_seconds(k, t_d, same[n]) + host.draft(k))
                 if rank > best[3]:
                     best = (k, n, rate, rank)
         return best
@@ -260,8 +277,7 @@ class Plan:
             # cover waits at most what the catch-up costs.
             if ki and self.sources[i].has_cost and self._last != self._key(i, support):
                 share = 1.0 - self.tally.free_tokens / produced if produced >= 32 else 1.0
-                plain = (step.tokens + 1.0) / (self.cost.batch(step.rows, step.cells) + self.cost.added(1, step))
-                gain = 1.0 / plain - 1.0 / rate
+                gain = 1.0 / self._plain_rate(step) - 1.0 / rate
                 catchup = self.sources[i].lag() * self.cost.t_catchup
                 # The rental's price is the catch-up when it started: every plain step it holds
                 # the model back adds a token to the lag, and a price that grew with the rent
@@ -278,7 +294,8 @@ class Plan:
                 # Against the other sources, a model's round pays the catch-up of what they drafted
                 # while it sat out: a copying stretch stays with the free source.
                 t_d, lag = (self.cost.t_draft, self.sources[i].lag()) if self.sources[i].has_cost else (0.0, 0)
-                seconds, catchup = round_seconds(ki, t_d, self._rows_cost(rows, step)), lag * self.cost.t_catchup
+                seconds = round_seconds(ki, t_d, self._rows_cost(rows, step)) + self.cost.host.draft(ki)
+                catchup = lag * self.cost.t_catchup
                 rank *= seconds / (seconds + catchup)
             if ki and rank > best_rank:
                 extra = seconds + catchup - self.cost.added(1, step)

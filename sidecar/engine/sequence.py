@@ -65,7 +65,7 @@ from sidecar.engine.planner import Plan
 from sidecar.engine.rounds import PLAIN, Offer, Round
 from sidecar.engine.sampling import Sampler, SamplingParams
 from sidecar.engine.text import TextStream, Trigger
-from sidecar.engine.verify import verify
+from sidecar.engine.verify import verify, verify_greedy_rows
 from sidecar.engine.window import shift_span, truncate_prompt
 from sidecar.errors import ClientError
 
@@ -386,19 +386,22 @@ class Sequence:
         window = sampler.history_window
         greedy = sampler.params.greedy
         head = history[-window:] if window else []
-        states = DraftStates(grammar, trigger, draft, text_of)
+        if greedy and grammar is None and not window:  # the choice is each row's plain argmax
+            m, nxt = verify_greedy_rows(logits, draft)
+        else:
+            states = DraftStates(grammar, trigger, draft, text_of)
 
-        def p_at(i: int) -> np.ndarray:
-            seen = head + draft[:i] if window else head
-            mask = states.at(i)
-            if greedy:  # the verifier only takes the argmax: skip building the one-hot vector
-                return sampler.choice_logits(logits[i], seen, mask)
-            return sampler.probs(logits[i], seen, mask)
+            def p_at(i: int) -> np.ndarray:
+                seen = head + draft[:i] if window else head
+                mask = states.at(i)
+                if greedy:  # the verifier only takes the argmax: skip building the one-hot vector
+                    return sampler.choice_logits(logits[i], seen, mask)
+                return sampler.probs(logits[i], seen, mask)
 
-        try:
-            m, nxt = verify(sampler, draft, proposal.q, p_at)
-        finally:
-            states.close()
+            try:
+                m, nxt = verify(sampler, draft, proposal.q, p_at)
+            finally:
+                states.close()
         self.kv_len = len(tokens) + m  # keep the pending token and the accepted drafts
         held = [*draft[:m], nxt]  # the target's tokens, as far as this round shows them
         for i, shadow in pending.shadows:

@@ -56,8 +56,9 @@ from dataclasses import dataclass, replace
 from sidecar.engine.adaptive import Step
 from sidecar.engine.drafters import ModelDrafter, common_prefix, propose_together
 from sidecar.engine.fair import Account, Bid, settle, withdrawals
+from sidecar.engine.hosttime import HostTime
 from sidecar.engine.layout import runs
-from sidecar.engine.llama import Context
+from sidecar.engine.llama import Context, device_seconds
 from sidecar.engine.rounds import Round
 from sidecar.engine.sequence import Ask, Item, Rows, Sequence
 from sidecar.engine.seqview import SeqView
@@ -108,6 +109,10 @@ class StepLoop:
         self._held: set[int] = set()  # streams whose drafts the last step took back
         self._joint: set[int] = set()  # streams the last step drafted together (engine.together)
         self.stats = Stats()
+        # The host's part of each step, its histograms and its price (engine.hosttime); every
+        # sequence's cost model prices its drafts' host work by it (CostModel.host).
+        self.host = HostTime()
+        self._held_step: tuple[int, int, int, int] | None = None  # what the last decode held (`step`)
 
     @property
     def full(self) -> bool:
@@ -133,6 +138,7 @@ class StepLoop:
             seq.close()
             raise
         target.truncate(keep, sid)
+        seq.cost.host = self.host.price
         self.stats.cached_tokens += keep
         self.running[sid] = seq
         self._used[sid] = next(self._clock)
@@ -164,7 +170,19 @@ class StepLoop:
              ) -> list[tuple[Sequence, list[Item] | BaseException]]:
         """One decode over the running sequences (but those `skip` holds back: a client that reads
         slowly); returns each one's output. A sequence that is done gives its last output and
-        Result here and leaves; one that failed gives its exception and leaves."""
+        Result here and leaves; one that failed gives its exception and leaves.
+
+        A step that decoded is timed: its wall time, and the host's part, all but the seconds in
+        llama_decode and waiting for its results (engine.hosttime)."""
+        t0, d0 = time.perf_counter(), device_seconds()
+        self._held_step = None
+        out = self._step(skip)
+        if self._held_step is not None:
+            wall = time.perf_counter() - t0
+            self.host.observe(wall, wall - (device_seconds() - d0), *self._held_step)
+        return out
+
+    def _step(self, skip: Callable[[Sequence], bool]) -> list[tuple[Sequence, list[Item] | BaseException]]:
         target = self.target
         out: list[tuple[Sequence, list[Item] | BaseException]] = []
         ids = [s for s in sorted(self.running) if not skip(self.running[s])]
@@ -260,6 +278,7 @@ class StepLoop:
         alone = len(parts) == 1
         made: dict[int, Bid] = {}
         ended: list[int] = []
+        emitted = 0
         for (sid, _), lg in zip(parts, logits, strict=True):
             seq = self.running[sid]
             before = len(seq.result.tokens)
@@ -271,6 +290,7 @@ class StepLoop:
                 out.append((seq, e))
                 self._leave(sid)
                 continue
+            emitted += len(seq.result.tokens) - before
             if sid in bids:
                 made[sid] = replace(bids[sid], tokens=float(len(seq.result.tokens) - before))
             if seq.done is not None:  # its Result goes now, not after the next step's decode (a prompt's chunk, maybe)
@@ -281,6 +301,8 @@ class StepLoop:
         settle(made, self._accounts)
         for sid in ended:
             self._leave(sid)
+        drafts = [len(rows.tokens) - 1 for _, rows in parts if rows.logits and len(rows.tokens) > 1]
+        self._held_step = (sum(1 for _, rows in parts if rows.logits), emitted, len(drafts), sum(drafts))
         return out
 
     def _drafted(self, asked: list[tuple[int, Rows | Ask]], drop: Callable[[int, BaseException], None]

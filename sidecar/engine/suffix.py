@@ -327,41 +327,53 @@ class SuffixCache:
     @staticmethod
     def _path(rows: list[list[int]], match: int, min_prob: float) -> Continuation:
         """Follow the most frequent next token (ties: the earlier row), narrowing to the rows that
-        agree; rows are cut at their sequence's end, which counts against every branch."""
+        agree; rows are cut at their sequence's end, which counts against every branch.
+
+        The rows have one length (`_gather` cuts them alike). Where every row still alive agrees
+        (the usual case: a repeated answer) the columns are taken a run at a time in numpy; only a
+        branch is counted in Python. Token by token, a lookup cost ~1 ms a sequence a step (64
+        candidates of 64 tokens), on a step that a GPU decodes in a few."""
         tokens: list[int] = []
         probs: list[float] = []
         votes: list[tuple[int, int]] = []
-        agreeing, alive, p = 0, rows, 1.0
-        for j in range(len(rows[0])):
-            if len(alive) == 1:  # one row left: it goes on, at the same probability, to its end
-                rest = alive[0][j:]
+        agreeing, p = 0, 1.0
+        alive = np.asarray(rows, dtype=np.int64)
+        width, j = alive.shape[1], 0
+        while j < width:
+            n = len(alive)
+            if n == 1:  # one row left: it goes on, at the same probability, to its end
+                rest = alive[0, j:].tolist()
                 rest = rest[: rest.index(_SEP)] if _SEP in rest else rest
                 tokens += rest
                 probs += [p] * len(rest)
                 votes += [(1, 1)] * len(rest)
                 agreeing = agreeing or (1 if rest else 0)
                 break
-            column = [r[j] for r in alive]
-            tok = column[0]
-            if tok != _SEP and column.count(tok) == len(column):  # the usual case: no branch here
-                agreeing = agreeing or len(column)
-                tokens.append(tok)
-                probs.append(p)
-                votes.append((len(column), len(column)))
-                continue
-            counts = Counter(column)
+            head = alive[0, j:]
+            same = (alive[:, j:] == head).all(axis=0) & (head != _SEP)  # no branch in these columns
+            run = len(same) if same.all() else int(same.argmin())
+            if run:
+                tokens += head[:run].tolist()
+                probs += [p] * run
+                votes += [(n, n)] * run
+                agreeing = agreeing or n
+                j += run
+                if j >= width:
+                    break
+            counts = Counter(alive[:, j].tolist())
             counts.pop(_SEP, None)
             if not counts:
                 break
-            tok, n = counts.most_common(1)[0]  # the first of equals: the earlier row's
-            p *= n / len(column)
+            tok, got = counts.most_common(1)[0]  # the first of equals: the earlier row's
+            p *= got / n
             if p < min_prob:
                 break
-            agreeing = agreeing or n
+            agreeing = agreeing or got
             tokens.append(tok)
             probs.append(p)
-            votes.append((n, len(column)))
-            alive = [r for r in alive if r[j] == tok]
+            votes.append((got, n))
+            alive = alive[alive[:, j] == tok]
+            j += 1
         return Continuation(tokens, probs, match, len(rows), agreeing, votes)
 
 

@@ -42,7 +42,7 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
 PREFIX = "sidecar"
@@ -165,6 +165,14 @@ class _RuntimeCollector:
         waiting = GaugeMetricFamily(f"{PREFIX}_batch_waiting",
                                     "Requests waiting for a free sequence of the pair's target, by class: "
                                     "interactive (streamed) ones are admitted first.", labels=["model", "class"])
+        # The step loop keeps these two histograms itself (engine.hosttime), so a step books no
+        # Prometheus call; read here, per pair on the target, as the gauges are.
+        step_hist = HistogramMetricFamily(f"{PREFIX}_step_seconds",
+                                      "Wall seconds of each step (one batched decode) of the pair's target.",
+                                      labels=["model"])
+        host_hist = HistogramMetricFamily(f"{PREFIX}_step_host_seconds",
+                                     "Seconds of each step of the pair's target spent on the host: all but "
+                                     "llama_decode and waiting for its results.", labels=["model"])
         if rt is not None:
             # The runtime counts the running requests among the pending ones: those are the
             # sequences in the targets' batches. (Clamped: a sequence whose client just left
@@ -185,6 +193,12 @@ class _RuntimeCollector:
                 emitted.add_metric([entry.name], float(st.tokens))
                 waiting.add_metric([entry.name, "interactive"], float(st.waiting_interactive))
                 waiting.add_metric([entry.name, "background"], float(st.waiting_background))
+                for family, hist in ((step_hist, st.step_seconds), (host_hist, st.host_seconds)):
+                    if hist is not None:
+                        bounds, counts, total = hist
+                        buckets = [*((repr(b), c) for b, c in zip(bounds, counts[:-1], strict=True)),
+                                   ("+Inf", counts[-1])]
+                        family.add_metric([entry.name], buckets, sum_value=total)
             targets.add_metric([], float(len({id(lm) for _, lm in pairs})))
         else:
             queue.add_metric([], 0.0)
@@ -201,6 +215,8 @@ class _RuntimeCollector:
         yield steps
         yield emitted
         yield waiting
+        yield step_hist
+        yield host_hist
 
 
 class Metrics:

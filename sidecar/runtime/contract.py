@@ -193,6 +193,12 @@ class ModelStatus:
     together: int = 0  # model drafts made in its steps' joint rounds (engine.together)
     waiting_interactive: int = 0  # streamed requests waiting for a free sequence (runtime.admission)
     waiting_background: int = 0  # ... and the non-streamed ones, which they go before
+    # Its steps' wall seconds and the host's part of them (all but llama_decode and waiting for
+    # it), each as a histogram: bucket bounds, cumulative counts with +Inf last, and their sum;
+    # None where the engine does not time its steps (vLLM's server steps itself).
+    step_seconds: tuple[tuple[float, ...], tuple[int, ...], float] | None = None
+    host_seconds: tuple[tuple[float, ...], tuple[int, ...], float] | None = None
+    host_share: float | None = None  # the host's share of the recent steps' wall time
 
 
 class Model(Protocol):

@@ -99,7 +99,9 @@ class Loaded:
                            self.weights.gpu_layers, self.curve, busy=len(loop.running), steps=stats.steps,
                            rows=stats.rows, tokens=stats.tokens, cached_tokens=stats.cached_tokens,
                            withdrawn=stats.withdrawn, together=stats.together,
-                           waiting_interactive=interactive, waiting_background=background)
+                           waiting_interactive=interactive, waiting_background=background,
+                           step_seconds=loop.host.step.cumulative(), host_seconds=loop.host.host.cumulative(),
+                           host_share=loop.host.share)
 
 
 def vocabulary(weights: Weights) -> Vocabulary:
