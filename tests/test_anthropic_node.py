@@ -20,7 +20,7 @@ PAIR = "smollm2:135m"
 T = 180
 MESSAGES = [{"role": "user", "content": "Write one sentence about the sea."}]
 
-pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+pytestmark = [pytest.mark.daemon, pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")]
 
 
 @pytest.fixture(scope="module")

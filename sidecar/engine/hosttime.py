@@ -1,6 +1,6 @@
 """The host's share of a step: what the step loop does that is not llama_decode, timed and priced.
 
-A step is the device's work (llama_decode and waiting for its logits: llama.device_seconds) and the
+A step is the device's work (llama_decode and waiting for its logits: device_seconds) and the
 host's: the planner pricing rounds, the drafters proposing, the fairness check, verifying, emitting
 text. On 2 CPU cores a SmolLM2 step costs ~15 ms and the host a few percent of it; on a GPU (or on
 SmolLM2 cut to 2 layers, a step of ~2.7 ms) the host's part is as large as the device's, and a
@@ -19,8 +19,32 @@ draft whose rows cost the device little can cost the host more than the tokens i
 
 from __future__ import annotations
 
+import threading
+import time
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+_device = threading.local()  # per thread: seconds in llama_decode and waiting for its results
+
+
+def device_seconds() -> float:
+    """Seconds this thread has spent in llama_decode and waiting for what it computes (reading
+    logits, synchronize), over every context it drove. The step loop's host time is its wall time
+    less this: on a GPU llama_decode may return early and reading the logits waits, so both count
+    as the device's."""
+    return float(getattr(_device, "seconds", 0.0))
+
+
+def on_device(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args), its seconds booked as the device's (engine.llama wraps its decode calls in it)."""
+    t0 = time.perf_counter()
+    try:
+        return fn(*args)
+    finally:
+        _device.seconds = getattr(_device, "seconds", 0.0) + time.perf_counter() - t0
 
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048)
 """Upper bounds of `sidecar_step_seconds`: a GPU step of a small model (~1 ms) to a CPU's long prefill."""

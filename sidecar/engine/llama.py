@@ -15,7 +15,6 @@ import functools
 import hashlib
 import os
 import threading
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,24 +22,12 @@ from pathlib import Path
 import llama_cpp as C
 import numpy as np
 
+from sidecar.engine.hosttime import on_device
 from sidecar.engine.kernels import file_type, repack_is_exact
 
 _backend_lock = threading.Lock()
 _backend_ready = False
 _log_callback: object = None  # keeps the ctypes callback alive
-_device = threading.local()  # per thread: seconds in llama_decode and waiting for its results (device_seconds)
-
-
-def device_seconds() -> float:
-    """Seconds this thread has spent in llama_decode and waiting for what it computes (reading
-    logits, synchronize), over every context it drove. The step loop's host time is its wall time
-    less this (engine.hosttime): on a GPU llama_decode may return early and reading the logits
-    waits, so both count as the device's."""
-    return float(getattr(_device, "seconds", 0.0))
-
-
-def _spent(t0: float) -> None:
-    _device.seconds = getattr(_device, "seconds", 0.0) + time.perf_counter() - t0
 
 
 class EngineError(RuntimeError):
@@ -403,9 +390,7 @@ class Context:
 
     def _run(self, parts: Sequence[tuple[int, Sequence[int], int]]) -> None:
         n = self._fill(parts)
-        t0 = time.perf_counter()
-        rc = C.llama_decode(self.ctx, self._batch)
-        _spent(t0)
+        rc = on_device(C.llama_decode, self.ctx, self._batch)
         if rc == 1:
             raise ContextFull(f"no room in the context ({self.n_cells} cells) for {n} more")
         if rc != 0:
@@ -445,9 +430,7 @@ class Context:
         self._fill([(seq, tokens, 0)])
         for r in rows:
             b.logits[r] = True
-        t0 = time.perf_counter()
-        rc = C.llama_decode(self.ctx, b)
-        _spent(t0)
+        rc = on_device(C.llama_decode, self.ctx, b)
         if rc == 1:
             raise ContextFull(f"no room in the context ({self.n_cells} cells) for {n} more")
         if rc != 0:
@@ -491,9 +474,7 @@ class Context:
         return result
 
     def _logits(self, rows: int, copy: bool = True) -> np.ndarray:
-        t0 = time.perf_counter()
-        ptr = C.llama_get_logits(self.ctx)  # waits for the device (a GPU's decode returns early)
-        _spent(t0)
+        ptr = on_device(C.llama_get_logits, self.ctx)  # waits for the device (a GPU's decode returns early)
         view = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
         return view.copy() if copy else view
 
@@ -507,9 +488,7 @@ class Context:
     def synchronize(self) -> None:
         """Wait until queued work is done. On a GPU llama_decode can return before the device
         finishes, and only reading logits waits; a timing that ends after a prefill needs this."""
-        t0 = time.perf_counter()
-        C.llama_synchronize(self.ctx)
-        _spent(t0)
+        on_device(C.llama_synchronize, self.ctx)
 
     def close(self) -> None:
         if not self._closed:

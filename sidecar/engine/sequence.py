@@ -106,8 +106,7 @@ class Result:
 class Request:
     prompt: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    # -1: until end of generation (or a full window without `shift`); -2: until the window is full
-    num_predict: int = -1
+    num_predict: int = -1  # -1: to end of generation (or a full window without `shift`); -2: to a full window
     stop: list[str] = field(default_factory=list)
     speculate: bool = True  # False forces target-only (Ollama's draft_num_predict: 0)
     n_max: int | None = None  # per-request cap on the draft length
@@ -383,8 +382,7 @@ class Sequence:
             seconds, plain_row, per_token = self.cost.shares(pending.batch, pending.step, seconds)
         tokens, history, out = self.tokens, self.history, self.result.tokens
         sampler, grammar, trigger, text_of = self.sampler, self.grammar, self.trigger, self.text_of
-        window = sampler.history_window
-        greedy = sampler.params.greedy
+        window, greedy = sampler.history_window, sampler.params.greedy
         head = history[-window:] if window else []
         if greedy and grammar is None and not window:  # the choice is each row's plain argmax
             m, nxt = verify_greedy_rows(logits, draft)
@@ -394,9 +392,8 @@ class Sequence:
             def p_at(i: int) -> np.ndarray:
                 seen = head + draft[:i] if window else head
                 mask = states.at(i)
-                if greedy:  # the verifier only takes the argmax: skip building the one-hot vector
-                    return sampler.choice_logits(logits[i], seen, mask)
-                return sampler.probs(logits[i], seen, mask)
+                # Greedy: the verifier only takes the argmax, so no one-hot vector is built.
+                return (sampler.choice_logits if greedy else sampler.probs)(logits[i], seen, mask)
 
             try:
                 m, nxt = verify(sampler, draft, proposal.q, p_at)

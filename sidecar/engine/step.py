@@ -56,9 +56,9 @@ from dataclasses import dataclass, replace
 from sidecar.engine.adaptive import Step
 from sidecar.engine.drafters import ModelDrafter, common_prefix, propose_together
 from sidecar.engine.fair import Account, Bid, settle, withdrawals
-from sidecar.engine.hosttime import HostTime
+from sidecar.engine.hosttime import HostTime, device_seconds
 from sidecar.engine.layout import runs
-from sidecar.engine.llama import Context, device_seconds
+from sidecar.engine.llama import Context
 from sidecar.engine.rounds import Round
 from sidecar.engine.sequence import Ask, Item, Rows, Sequence
 from sidecar.engine.seqview import SeqView
