@@ -76,8 +76,9 @@ def models(rt: Runtime) -> list[dict[str, Any]]:
             "cached_tokens": s.cached_tokens,  # prompt tokens the prefix cache saved
             "withdrawn_drafts": s.withdrawn,  # drafts a shared step took back (README, Concurrency)
             "joint_drafts": s.together,  # model drafts made in joint rounds (README, Concurrency)
-            "host_share": None if s.host_share is None else round(s.host_share, 3),  # engine.hosttime
             "cost_curve": s.cost_curve,  # cached, measured, or provisional (disturbed: online estimates take over)
             "expires_in": round(s.expires_at - time.time(), 1) if s.expires_at is not None else None,
         })
+        if s.host_share is not None:  # the step loop's own time, of its recent steps' (engine.hosttime)
+            out[-1]["host_share"] = round(s.host_share, 3)
     return out
