@@ -47,7 +47,7 @@ from prompts import PROMPTS, chat  # noqa: E402
 from sidecar.config.entries import build_entry  # noqa: E402
 from sidecar.config.loader import parse  # noqa: E402
 from sidecar.config.schema import NgramDraft  # noqa: E402
-from sidecar.engine.adaptive import CostModel  # noqa: E402
+from sidecar.engine.cost import CostModel  # noqa: E402
 from sidecar.engine.drafters import NgramDrafter, common_prefix  # noqa: E402
 from sidecar.engine.llama import Context  # noqa: E402
 from sidecar.engine.seqview import SeqView  # noqa: E402

@@ -1,7 +1,7 @@
 """The step loop's own Python per step (around `llama_decode`), this tree against an older revision.
 
 The daemon's step at N streams is one `llama_decode` plus the Python that prices, checks and books
-every sequence's round (engine.step, engine.planner, engine.fair). On 2 CPU cores that Python is a
+every sequence's round (engine.step, engine.schedule; before it engine.planner, engine.fair). On 2 CPU cores that Python is a
 few percent of a step, which two daemons cannot resolve; on a GPU a step of a 7-8B model costs
 5-9 ms and the host's part is what decides the pace (issue #54). So this runs the engine
 in-process on identical work: N greedy streams of `--tokens` tokens on bench/concurrency.py's
@@ -69,7 +69,12 @@ def child(n: int, mode: str, model: str, tokens: int, out: Path) -> None:
 
     from sidecar.config.schema import Speculative
     from sidecar.engine import llama
-    from sidecar.engine.adaptive import CostModel
+    try:  # this revision: one fitted cost model (engine.cost)
+        from sidecar.engine.cost import CostModel
+        fitted = True
+    except ImportError:  # a revision before it (engine.adaptive's learnt factors)
+        from sidecar.engine.adaptive import CostModel  # type: ignore[no-redef]
+        fitted = False
     from sidecar.engine.drafters import ModelDrafter, NgramDrafter
     from sidecar.engine.hybrid import HybridDrafter
     from sidecar.engine.llama import Context, ContextParams, Weights
@@ -80,17 +85,18 @@ def child(n: int, mode: str, model: str, tokens: int, out: Path) -> None:
     from sidecar.engine.suffix import SuffixCache, SuffixDrafter
     from sidecar.models.resolve import resolve
 
-    for name in ("observe_step", "observe_draft", "observe_catchup"):
-        setattr(CostModel, name, lambda self, *a, **k: None)  # prices stay as set below
-    learn_shared = CostModel.observe_shared
+    if not fitted:
+        for name in ("observe_step", "observe_draft", "observe_catchup"):
+            setattr(CostModel, name, lambda self, *a, **k: None)  # prices stay as set below
+        learn_shared = CostModel.observe_shared
 
-    def held(self: CostModel, *a: object, **k: object) -> None:
-        """A shared decode drops what the revision drops when its factors move, as in a daemon,
-        and the factors stay as set below."""
-        learn_shared(self, *a, **k)  # type: ignore[arg-type]
-        self.shared, self.beside = SHARED, BESIDE
+        def held(self: CostModel, *a: object, **k: object) -> None:
+            """A shared decode drops what the revision drops when its factors move, as in a
+            daemon, and the factors stay as set below."""
+            learn_shared(self, *a, **k)  # type: ignore[arg-type]
+            self.shared, self.beside = SHARED, BESIDE
 
-    CostModel.observe_shared = held  # type: ignore[method-assign]
+        CostModel.observe_shared = held  # type: ignore[attr-defined]
     decoded = [0.0]
     run = llama.Context._run
 
@@ -112,8 +118,12 @@ def child(n: int, mode: str, model: str, tokens: int, out: Path) -> None:
     loop = StepLoop(ctx)
     cost = CostModel(65)
     cost.t_step = [0.0] + [T1 * (1 + ROW * (k - 1)) for k in range(1, 66)]
-    cost.shared, cost.beside, cost.depth = SHARED, BESIDE, DEPTH
     cost.t_draft, cost.t_catchup = T_DRAFT, T_DRAFT / 4
+    if fitted:  # the fit's seed, held: the observations still run (and cost the host), the prices stay
+        cost.seed()
+        cost.fixed = True
+    else:
+        cost.shared, cost.beside, cost.depth = SHARED, BESIDE, DEPTH
     spec = Speculative()
     config = spec.engine(ngram=mode != "model")
     cache = SuffixCache()

@@ -1,22 +1,17 @@
-"""A cost model whose times stay where a test or bench puts them (engine.adaptive.CostModel).
+"""A cost model whose prices stay where a test or bench puts them (engine.cost.CostModel).
 
-The planner learns step, draft and catch-up times from the wall time of each round. On a busy
-machine one slow step moves them far enough to change what it decides, so a test that asserts a
-decision, or a bench that compares decisions, holds the times fixed. Acceptance is still learnt."""
+The cost model refits its prices to the wall time of every decode. On a busy machine one slow step
+moves them far enough to change what the schedule decides, so a test that asserts a decision, or a
+bench that compares decisions, holds them at the calibration it sets. Acceptance is still learnt."""
 
 from __future__ import annotations
 
-from sidecar.engine.adaptive import CostModel
+from sidecar.engine.cost import CostModel
 
 
 class Fixed(CostModel):
-    """CostModel without the online time estimates: its t_step, t_draft and t_catchup stay as set."""
+    """CostModel whose fits stay at the prices seeded from its t_step, t_draft and t_catchup."""
 
-    def observe_step(self, n: int, seconds: float, same: bool = False, cells: int = 0) -> None:
-        pass
-
-    def observe_draft(self, n_tokens: int, seconds: float, company: float = 1.0) -> None:
-        pass
-
-    def observe_catchup(self, n_tokens: int, seconds: float) -> None:
-        pass
+    def __init__(self, n_rows: int) -> None:
+        super().__init__(n_rows)
+        self.fixed = True

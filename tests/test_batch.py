@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig, Step
+from sidecar.engine.adaptive import SpeculativeConfig
+from sidecar.engine.cost import CostModel, Layout
 from sidecar.engine.decoder import Decoder, Request, Result
 from sidecar.engine.drafters import ModelDrafter, NgramDrafter
 from sidecar.engine.grammar import gbnf_for_format
@@ -25,7 +26,7 @@ from sidecar.engine.logprobs import Logprobs
 from sidecar.engine.sampling import SamplingParams
 from sidecar.engine.sequence import Sequence
 from sidecar.engine.seqview import SeqView
-from sidecar.engine.step import MIN_CHUNK, PREFILL_SHARE, PRICE_ROWS, StepLoop, pad_widths
+from sidecar.engine.step import MIN_CHUNK, PREFILL_SHARE, StepLoop, pad_widths
 from tests.prices import Fixed
 from tests.test_lossless import chat_prompt
 
@@ -71,7 +72,7 @@ class Run:
 
 
 def speculative() -> tuple[SpeculativeConfig, CostModel]:
-    """The planner's own choices, on a flat made-up curve (a GPU's) so drafts pay in a batch too."""
+    """The schedule's own choices, on a flat made-up curve (a GPU's) so drafts pay in a batch too."""
     cost = CostModel(13)
     cost.t_step = [0.0] + [0.01 * (1 + 0.001 * n) for n in range(1, 14)]
     return SpeculativeConfig(n_max=12, min_predict=0), cost
@@ -193,25 +194,21 @@ def test_batched_model_drafts_equal_each_request_alone(weights: Weights, smollm2
 
 class HeldPrices(Fixed):
     """A GPU's prices, held as set: a pass costs a step and a row 5% more, and no decode's timing
-    moves them (the shared steps' factors stay 1 too), so which drafts a step affords is the same
-    on any machine."""
+    moves them, so which drafts a step affords is the same on any machine."""
 
     def __init__(self) -> None:
         super().__init__(13)
         self.t_step = [0.0] + [0.01 * (1 + 0.05 * (n - 1)) for n in range(1, 14)]
         self.t_draft = self.t_catchup = 0.0005
 
-    def observe_shared(self, rows: object, seconds: float, cells: int = 0) -> None:
-        pass
-
 
 @pytest.mark.parametrize("source", ["ngram", "model"])
-def test_a_draft_that_leaves_the_others_behind_is_taken_back(weights: Weights, smollm2: object, source: str) -> None:
+def test_a_draft_that_leaves_the_others_behind_is_held_back(weights: Weights, smollm2: object, source: str) -> None:
     """Three sequences, the middle one drafting (it copies its prompt; the model draft is the
-    target's own weights, so it always holds). Its draft is a pass of its own that both neighbours
-    wait for, and its row between theirs merges their passes, so its finishing early gives them
-    nothing back: the step takes the draft back once their slack is spent (engine.fair), the
-    sequence steps plain, and every output is still its solo run."""
+    target's own weights, so it always holds). Its draft is a pass of its own (or, padded, rows on
+    every stream) that both neighbours wait for: more than their slack of a plain step, so the
+    schedule holds it back (engine.schedule), the sequence steps plain, and every output is still
+    its solo run."""
     reqs = [request(weights, 0, n=40), request(weights, 3, n=40), request(weights, 2, n=40)]
     want = [solo(weights, r) for r in reqs]
     draft = Context(weights, ContextParams(n_ctx=N_CTX, n_batch=512, n_seq=3)) if source == "model" else None
@@ -231,8 +228,8 @@ def test_a_draft_that_leaves_the_others_behind_is_taken_back(weights: Weights, s
         assert b.loop.stats.withdrawn > 0
         # Each request reports its own (the request's log line carries it).
         assert sum(b.runs[i].result.withdrawn for i in range(3)) == b.loop.stats.withdrawn  # type: ignore[union-attr]
-        # The one taken back decides last, but llama.cpp gets the streams in order
-        # (Context.decode_many): it would split streams 0, 2, 1 into more passes than 0, 1, 2.
+        # llama.cpp gets the streams in order (Context.decode_many): it would split streams 0, 2, 1
+        # into more passes than 0, 1, 2.
         assert all(order == sorted(order) for order in orders)
     finally:
         b.close()
@@ -240,72 +237,30 @@ def test_a_draft_that_leaves_the_others_behind_is_taken_back(weights: Weights, s
             draft.close()
 
 
-class CpuPrices(HeldPrices):
-    """A CPU's prices, held as set: each row adds 40% of a step, a model draft token costs 40% of
-    one, and a pass of one sequence beside others' costs 30% of its price alone."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.t_step = [0.0] + [0.01 * (1 + 0.4 * (n - 1)) for n in range(1, 14)]
-        self.t_draft, self.beside = 0.004, 0.3
-
-
-def test_a_model_draft_waits_while_a_prompt_comes_in(weights: Weights, smollm2: object) -> None:
-    """A sequence drafting from a model alone, then a long prompt arrives beside it. The drafting
-    sequence decides first and alone (the prompt's chunk is cut after it), so its draft pays by its
-    own price; but at these prices it adds more to the step than the row it gives back once done,
-    and the prompt, whose first token waits for it, is a stream the step accounts for too: the
-    step takes the draft back (engine.fair), and both outputs are their solo runs. (The draft model
-    is the target's own weights, so its drafts always hold.)"""
-    long = replace(request(weights, 0, n=16), prompt=chat_prompt(weights, " ".join(PROMPTS * 4)))
-    reqs = [request(weights, 3, n=48), long]
-    want = [solo(weights, r) for r in reqs]
-    draft = Context(weights, ContextParams(n_ctx=N_CTX, n_batch=512, n_seq=2))
-    b = Batch(weights, 2, draft=draft)
-    b.cost = CpuPrices()
-    b.drafters[1] = None
-    try:
-        b.add(0, reqs[0])
-        while b.seqs[0].plan.tally.draft_tokens == 0:
-            b.step()
-        assert b.loop.stats.withdrawn == 0  # alone, no one waits on its drafts
-        b.add(1, reqs[1])
-        b.step()
-        assert b.seqs[1].prefilling, "the prompt came in whole: no chunk for a draft to wait on"
-        assert b.loop.stats.withdrawn == 1
-        list(b.drain())
-        for i in range(2):
-            assert b.runs[i].tokens == want[i].tokens, f"sequence {i} parted from its solo run"
-    finally:
-        b.close()
-        draft.close()
-
-
 class PairPrices(HeldPrices):
     """Prices under which no lone model draft pays beside another stream's plain row, but two
-    drafting together do (engine.together): a flat curve (each row 10% of a step), a draft step
-    40% of a target step, a stream's pass beside others' at twice its price alone, and a draft
-    row beside another half a draft step."""
+    drafting together do: a pass costs a step, each row 10% of one, and a draft step 40% of a
+    target step, most of it its own pass (a draft row beside another adds little)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.t_step = [0.0] + [0.01 * (1 + 0.1 * (n - 1)) for n in range(1, 14)]
-        self.t_draft, self.t_catchup, self.beside = 0.004, 0.0001, 2.0
+        self.t_draft, self.t_catchup = 0.004, 0.0001
+
+    def seed(self) -> None:
+        super().seed()
+        self.draft.w[:] = [0.0038, 0.0002, 0.0001]
 
 
-@pytest.mark.parametrize("together", [True, False])
 def test_model_drafts_that_pay_only_together_are_made_together(weights: Weights, smollm2: object,
-                                                               together: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Two sequences, each drafting from the model on its stream of one draft context (the
     target's own weights, trusted to agree: acceptance prior 0.95). Each sequence alone sees its
     draft beside the other's plain row, which does not pay at these prices; drafting together, the
-    draft steps carry both rows and the verify rows go in one pass, which does. With the joint
-    offer they draft together, without it neither drafts while the other runs (the one left
-    alone at the end may); both outputs are their solo runs."""
+    draft steps carry both rows and the verify rows share a pass, which does: the schedule weighs
+    both drafting at one length (engine.schedule), and both outputs are their solo runs."""
     import sidecar.engine.step as step
 
-    if not together:
-        monkeypatch.setattr(step, "choose", lambda *a, **k: None)
     drafts: list[int] = []  # the model drafts each draft batch made
     propose = step.propose_together
 
@@ -319,15 +274,10 @@ def test_model_drafts_that_pay_only_together_are_made_together(weights: Weights,
     draft = Context(weights, ContextParams(n_ctx=N_CTX, n_batch=512, n_seq=2))
     b = Batch(weights, 2, draft=draft)
     b.cost = PairPrices()
-    b.cost.explored.add("model")  # no exploring probe (Probing.due): every draft is a decision
-    b.config = replace(b.config, n_max=8, acceptance_prior=0.95)
+    b.config = replace(b.config, n_max=8, acceptance_prior=0.95, prior_weight=50.0)
     try:
         b.alongside(reqs, want)
-        if together:
-            assert b.loop.stats.together > 0 and drafts.count(2) > 1
-            assert b.loop.stats.withdrawn == 0
-        else:
-            assert 2 not in drafts
+        assert b.loop.stats.together > 0 and drafts.count(2) > 1
     finally:
         b.close()
         draft.close()
@@ -561,58 +511,51 @@ def test_drafts_fit_n_batch_beside_the_other_sequences(weights: Weights) -> None
         b.close()
 
 
-def test_a_prompt_chunk_is_priced_by_what_its_chunks_cost() -> None:
-    """Beside decoding rows, a chunk starts at the verify curve's price of a row and then follows
-    what the steps that carried it showed: a prompt token that cost as much as three decoding steps
-    gets a chunk of the floor, a cheap one a wide chunk (within n_batch)."""
+def test_a_prompt_chunk_adds_a_share_of_the_decoding_step() -> None:
+    """Beside decoding rows, a chunk adds PREFILL_SHARE times the decoding step's price, at the
+    cost model's price of a prompt row at the step's depth (within n_batch, MIN_CHUNK at least)."""
     cost = CostModel(13)
     cost.t_step = [0.0] + [0.010 + 0.005 * (n - 1) for n in range(1, 14)]
-    seq = type("Seq", (), {"cost": cost, "n_batch": 512})()
+    cost.seed()
     loop = StepLoop.__new__(StepLoop)
-    loop._chunking = {}
-    planned = {0: 8}  # one sequence verifying 8 rows: 45 ms
-    budget = PREFILL_SHARE * cost.t_step[8]
-    first = loop._chunk(1, seq, planned, 0)  # type: ignore[arg-type]
-    assert first == int(budget / (cost.added(PRICE_ROWS, Step(1, ((0, 8),))) / PRICE_ROWS)) > MIN_CHUNK
-    loop._chunking[1].observe(first, 3 * cost.t_step[8] * first)  # each token cost three such steps
-    assert loop._chunk(1, seq, planned, 0) == MIN_CHUNK  # type: ignore[arg-type]
-    for _ in range(40):
-        loop._chunking[1].observe(100, 0.0001 * 100)  # then cheap ones: 675 would fit the budget
-    assert loop._chunk(1, seq, planned, 0) == 512  # type: ignore[arg-type]  # n_batch
+    loop.target = type("Ctx", (), {"n_batch": 512})()  # type: ignore[assignment]
+    step = cost.step(Layout(1, 8))
+    per_token = cost.step(Layout(0, 0, 1))
+    assert loop._chunk(cost, step, 0) == int(PREFILL_SHARE * step / per_token) > MIN_CHUNK
+    assert loop._chunk(cost, 1e-9, 0) == MIN_CHUNK
+    assert loop._chunk(cost, 100.0, 0) == 512  # n_batch
 
 
-def test_each_price_is_asked_at_the_depth_its_step_attends_over(weights: Weights) -> None:
-    """The cells the cost model is told a pass attends over are what the streams held before it:
-    a lone sequence's own, and in a shared step the deepest stream's (llama.cpp sizes a pass's
-    attention by its deepest stream)."""
+def test_each_decode_teaches_the_cost_model_its_layout(weights: Weights) -> None:
+    """The layout the cost model learns from is the decode's: its rows, and the cells its deepest
+    stream held before it (llama.cpp sizes a pass's attention by its deepest stream)."""
     b = Batch(weights, 2, ngram=True)
-    lone: list[tuple[int, int, int]] = []  # (rows, cells, what the stream holds once they are in)
-    shared: list[tuple[int, int]] = []  # (cells, the deepest stream before the decode)
-    observe_step, observe_shared = b.cost.observe_step, b.cost.observe_shared
+    seen: list[tuple[Layout, int, int]] = []  # (layout, the deepest stream before, rows decoded)
+    observe = b.cost.observe_step
+    decode = b.ctx.decode_many
+    before: list[int] = []
 
-    def spy_step(n: int, seconds: float, same: bool = False, cells: int = 0) -> None:
-        (sid,) = b.loop.running
-        lone.append((n, cells, len(b.ctx.held(sid))))
-        observe_step(n, seconds, same, cells)
+    def counted(parts: list[tuple[int, list[int], bool]], copy: bool = True) -> list[object]:
+        before[:] = [max(len(b.ctx.held(sid)) for sid in b.loop.running), sum(len(t) for _, t, _ in parts)]
+        return decode(parts, copy)  # type: ignore[return-value]
 
-    def spy_shared(rows: list[tuple[int, int]], seconds: float, cells: int = 0) -> None:
-        shared.append((cells, max(len(b.ctx.held(sid)) - n for sid, n in rows)))
-        observe_shared(rows, seconds, cells)
+    def spy(layout: Layout, seconds: float) -> None:
+        seen.append((layout, *before))
+        observe(layout, seconds)
 
-    b.cost.observe_step, b.cost.observe_shared = spy_step, spy_shared  # type: ignore[method-assign]
+    b.ctx.decode_many = counted  # type: ignore[method-assign]
+    b.cost.observe_step = spy  # type: ignore[method-assign]
     try:
-        # The second request joins once the first has run a few steps alone, while it still has
-        # far to go (its drafts may copy 12 tokens a step, so a count of steps is no measure).
-        b.add(0, request(weights, 3, n=160))
+        b.add(0, request(weights, 3, n=48))
         steps = b.drain()
-        while len(lone) < 2:
+        while len(seen) < 3:
             next(steps)
         b.add(1, request(weights, 1, n=24))
         list(steps)
-        assert lone and all(cells + n == held for n, cells, held in lone), [x for x in lone if x[1] + x[0] != x[2]]
-        assert lone[0][1] >= len(request(weights, 3).prompt)
-        assert shared and all(cells == deepest for cells, deepest in shared), shared
+        assert seen and all(layout.cells == deepest for layout, deepest, _ in seen)
+        assert all(layout.rows + layout.prefill == rows for layout, _, rows in seen)
     finally:
+        del b.ctx.decode_many
         b.close()
 
 

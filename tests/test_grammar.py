@@ -17,7 +17,8 @@ import jsonschema
 import numpy as np
 import pytest
 
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig
+from sidecar.engine.adaptive import SpeculativeConfig
+from sidecar.engine.cost import CostModel
 from sidecar.engine.decoder import Decoder, Request, Result
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal, Support
 from sidecar.engine.grammar import Grammar, GrammarError, gbnf_for_format

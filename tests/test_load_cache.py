@@ -13,7 +13,8 @@ import pytest
 
 from sidecar.config.entries import build_entry
 from sidecar.config.schema import Pair
-from sidecar.engine.adaptive import NGRAM_N_MAX, CostModel
+from sidecar.engine.adaptive import NGRAM_N_MAX
+from sidecar.engine.cost import CostModel
 from sidecar.runtime.contract import Job, Outcome, Prompt
 from sidecar.runtime.llamacpp import LlamaEngine, loading
 from sidecar.runtime.llamacpp.curves import CurveCache

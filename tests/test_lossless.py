@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig
+from sidecar.engine.adaptive import SpeculativeConfig
+from sidecar.engine.cost import CostModel
 from sidecar.engine.decoder import Decoder, Request, Result
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from sidecar.engine.kernels import build_warnings, file_type, repack_is_exact

@@ -15,7 +15,8 @@ import llama_cpp as C
 import numpy as np
 import pytest
 
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig
+from sidecar.engine.adaptive import SpeculativeConfig
+from sidecar.engine.cost import CostModel
 from sidecar.engine.decoder import Decoder, PromptTooLong, Request, Result
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from sidecar.engine.llama import Context, ContextParams, Weights

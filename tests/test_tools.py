@@ -19,7 +19,8 @@ import ollama
 import openai
 import pytest
 
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig
+from sidecar.engine.adaptive import SpeculativeConfig
+from sidecar.engine.cost import CostModel
 from sidecar.engine.decoder import Decoder, Request
 from sidecar.engine.drafters import NgramDrafter
 from sidecar.engine.llama import Context, ContextParams, Weights

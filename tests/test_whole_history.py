@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig
+from sidecar.engine.adaptive import SpeculativeConfig
+from sidecar.engine.cost import CostModel
 from sidecar.engine.decoder import Decoder, Request, Result
 from sidecar.engine.drafters import NgramDrafter
 from sidecar.engine.hybrid import HybridDrafter

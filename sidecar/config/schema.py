@@ -59,6 +59,9 @@ class Parameters(Options):
         return self
 
 
+RETIRED = ("fallback_rounds", "probe_interval", "probe_budget")
+
+
 class Speculative(Strict):
     """Speculation settings (engine.adaptive.SpeculativeConfig documents each)."""
 
@@ -66,10 +69,12 @@ class Speculative(Strict):
     n_min: int = Field(SpeculativeConfig.n_min, ge=1, le=64)
     p_min: float = Field(SpeculativeConfig.p_min, ge=0.0, le=1.0)
     min_predict: int = Field(SpeculativeConfig.min_predict, ge=0)
-    fallback_rounds: int = Field(SpeculativeConfig.fallback_rounds, ge=1)
     fallback_margin: float = Field(SpeculativeConfig.fallback_margin, gt=0.0, le=2.0)
-    probe_interval: int = Field(SpeculativeConfig.probe_interval, ge=1)
-    probe_budget: float = Field(SpeculativeConfig.probe_budget, gt=0.0, le=1.0)
+    # Retired with the probes and the judge (engine.evidence's draws explore instead): still read,
+    # so an older pairs.yaml loads, and ignored.
+    fallback_rounds: int | None = Field(None, ge=1)
+    probe_interval: int | None = Field(None, ge=1)
+    probe_budget: float | None = Field(None, gt=0.0, le=1.0)
     min_gain: float = Field(SpeculativeConfig.min_gain, ge=1.0, le=2.0)
     horizon: int = Field(SpeculativeConfig.horizon, ge=1)
     adaptive: bool = SpeculativeConfig.adaptive
@@ -92,7 +97,7 @@ class Speculative(Strict):
         return self
 
     def engine(self, ngram: bool = False) -> SpeculativeConfig:
-        settings = self.model_dump(exclude={"cache", "cache_tokens", "cache_file"})
+        settings = self.model_dump(exclude={"cache", "cache_tokens", "cache_file", *RETIRED})
         if settings["n_max"] is None:
             settings["n_max"] = NGRAM_N_MAX if ngram else SpeculativeConfig.n_max
         return SpeculativeConfig(**settings)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig
+from sidecar.engine.adaptive import SpeculativeConfig
+from sidecar.engine.cost import CostModel
 from sidecar.engine.drafters import Drafter
+from sidecar.engine.evidence import Evidence
 from sidecar.engine.hybrid import HybridDrafter
 from sidecar.engine.llama import Context
 from sidecar.engine.logprobs import Logprobs
@@ -36,10 +38,12 @@ class Decoder:
         self.drafter = drafter if drafter is None or isinstance(drafter, HybridDrafter) else HybridDrafter([drafter])
         self.config = config or SpeculativeConfig()
         self.cost = cost or CostModel(self.config.n_max + 1)
+        self.evidence = Evidence(self.config.acceptance_prior, self.config.prior_weight)
 
     def generate(self, req: Request, cancelled: Callable[[], bool] = lambda: False) -> Iterator[Item]:
         """Yield text pieces as they are final, then one Result; with `logprobs`, a Logprobs item
         before the text of the tokens it describes."""
         target = self.target
         yield from StepLoop(target).run(req.prompt, lambda _: Sequence(
-            target.weights, target.n_ctx, target.n_batch, req, self.drafter, self.config, self.cost, cancelled))
+            target.weights, target.n_ctx, target.n_batch, req, self.drafter, self.config, self.cost, cancelled,
+            self.evidence))

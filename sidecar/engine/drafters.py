@@ -26,7 +26,6 @@ its evidence by (source name, class), rounds.Key, so two sources' classes never 
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -74,16 +73,13 @@ NOTHING = Support(ready=False)
 
 @dataclass
 class Proposal:
-    """A draft and what the planner needs to know of it: its class, and what making it cost."""
+    """A draft and what the schedule needs to know of it: its class, and a model's catch-up."""
 
     tokens: list[int] = field(default_factory=list)
     support: Support = NOTHING
     q: list[np.ndarray] | None = None
-    seconds: float = 0.0  # what drafting cost in all (catching the draft's cache up included)
-    step_seconds: float | None = None  # the drafting steps alone; the cost model's per-token basis
     caught_up: int = 0  # tokens prefilled to catch the drafter's cache up before drafting
     lag: int = 0  # tokens a costly drafter must prefill before it can draft (see max_tokens = 0)
-    company: float = 1.0  # the rows its draft steps carried, on average (propose_together): 1 alone
 
 
 class Drafter(Protocol):
@@ -199,12 +195,11 @@ class NgramDrafter:
         return match, start
 
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
-        t0 = time.perf_counter()
         match, start = self._lookup(context)
         if not match:
-            return Proposal(seconds=time.perf_counter() - t0)
+            return Proposal()
         tokens = list(context[start : start + max_tokens])
-        return Proposal(tokens, match_support(match, self.MATCH_CAP), seconds=time.perf_counter() - t0)
+        return Proposal(tokens, match_support(match, self.MATCH_CAP))
 
     def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
         # Every n-gram's position after the cut moves and those across it vanish: index the shifted
@@ -233,7 +228,7 @@ class ModelDrafter:
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
         if max_tokens <= 0:  # the planner's look: one class (how well a model drafts shows in its acceptance)
             return Proposal(support=Support(), lag=len(context) - 1 - self._reusable(context))
-        return propose_together([(self, context, max_tokens, grammar)])[0]
+        return propose_together([(self, context, max_tokens, grammar)])[0][0]
 
     def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
         """Shift the draft's cache as the target's, when it holds the whole stretch that moves.
@@ -299,30 +294,19 @@ class _Draw:
             self.walker.close()
 
 
-def propose_together(asks: Sequence[tuple[ModelDrafter, Sequence[int], int, Grammar | None]]) -> list[Proposal]:
-    """Model drafts for several sequences at once: (drafter, context, max_tokens, grammar) each.
+def propose_together(asks: Sequence[tuple[ModelDrafter, Sequence[int], int, Grammar | None]]
+                     ) -> tuple[list[Proposal], int, int]:
+    """Model drafts for several sequences at once: (drafter, context, max_tokens, grammar) each;
+    with the draft steps made and the rows they carried (the cost model's features, engine.cost).
 
     Drafters on streams of one shared draft context (llama.SeqView) decode together, one
     llama_decode per draft step for every sequence still drafting, as the target's step loop
     batches their verification (engine.step); each sequence's draft is what it would draft alone.
-    Each drafter first catches its stream up with its context (a catch-up after target-only
-    stretches is a one-off, timed apart; the token or two missed after a fully accepted round
-    recur, so they count as drafting cost). The time is shared out evenly among the drafts, and
-    each says how many rows the draft steps carried on average (`company`), so the cost model
-    learns what a row beside others adds (CostModel.observe_draft)."""
-    t0 = time.perf_counter()
-    steps = rows = 0  # draft steps, and the rows they carried
+    Each drafter first catches its stream up with its context (`Proposal.caught_up`)."""
+    steps = rows = 0
     together = len({id(a[0].ctx.base) if isinstance(a[0].ctx, SeqView) else id(a[0]) for a in asks}) == 1
     draws = [_Draw(*ask) for ask in asks]
     try:
-        caught_up = sum(d.caught_up for d in draws)
-        if caught_up > 2 * len(draws):
-            draws[0].drafter.ctx.synchronize()
-            t_steps = time.perf_counter()
-        else:
-            t_steps = t0
-            for d in draws:
-                d.caught_up = 0
         live = [d for d in draws if d.feed is not None]
         while live:
             steps, rows = steps + 1, rows + (len(live) if together else 1)
@@ -330,17 +314,11 @@ def propose_together(asks: Sequence[tuple[ModelDrafter, Sequence[int], int, Gram
                 d.take(logits)
             live = [d for d in live if d.feed is not None]
     except ContextFull:
-        t_steps = time.perf_counter()
-        for d in draws:
-            d.caught_up = 0
+        pass
     finally:
         for d in draws:
             d.close()
-    now = time.perf_counter()
-    share = 1.0 / max(1, len(draws))
-    company = rows / steps if steps else 1.0
-    return [Proposal(d.tokens, Support(), d.qs, (now - t0) * share, (now - t_steps) * share, d.caught_up,
-                     company=company) for d in draws]
+    return [Proposal(d.tokens, Support(), d.qs, caught_up=d.caught_up) for d in draws], steps, rows
 
 
 def _decode_draws(live: Sequence[_Draw]) -> list[np.ndarray]:

@@ -1,32 +1,30 @@
-"""Several drafters behind one: each round drafts from the source the planner expects most of.
+"""Several drafters behind one: each round drafts from the source the schedule expects most of.
 
 A pair may draft from the request's own text (n-gram), from earlier requests' outputs (the suffix
 cache) and from a draft model. Which one pays changes from round to round: a long verbatim match is
 near-certain and costs nothing, a model draft costs its steps but guesses text never seen before.
-So the choice is not a fixed precedence but the planner's (engine.planner.Plan), which prices every
-source by its own support class and cost: the decoder hands it one rounds.Source per source and
-proposes from the one it picks. Where a long match is near-certain the free source's expected gain
-is the larger, and the model's draft pass is skipped, the outcome of llama.cpp's rule (PR #22397:
-the draftless source first) reached by pricing.
+So the choice is not a fixed precedence but the schedule's (engine.schedule), which prices every
+source by its own support class and cost: each sequence offers every ready source's draft in its
+menu (Sequence.menu), and proposes from the one the step picks. Where a long match is near-certain
+the free source's expected gain is the larger, and the model's draft pass is skipped, the outcome
+of llama.cpp's rule (PR #22397: the draftless source first) reached by pricing.
 
-Each source's classes are its own: the planner keys evidence by (source name, class) (rounds.Key),
-and the names of a hybrid's sources differ, so two sources' classes never mix. The decoder holds a
+Each source's classes are its own: evidence is keyed by (source name, class) (evidence.Key), and
+the names of a hybrid's sources differ, so two sources' classes never mix. The decoder holds a
 lone drafter as a one-source hybrid.
 
 A model source's KV cache needs nothing here: ModelDrafter reuses the prefix it shares with the
-context and prefills what it missed, however many rounds it sat out; the planner prices that
-catch-up (the `lag` its look reports) as for a model drafting alone. The planner looks at every
-source each round with `propose(context, 0)`, which drafts nothing.
+context and prefills what it missed, however many rounds it sat out; the schedule prices that
+catch-up (the `lag` its look reports). A sequence looks at every source each round with
+`propose(i, context, 0)`, which drafts nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 
-from sidecar.engine.drafters import Drafter, Learner, Proposal, Support
+from sidecar.engine.drafters import Drafter, Learner, Proposal
 from sidecar.engine.grammar import Grammar
-from sidecar.engine.rounds import Source
 from sidecar.engine.sampling import Sampler
 
 
@@ -46,11 +44,6 @@ class HybridDrafter:
         self.name = "+".join(names)
         self.has_cost = any(s.has_cost for s in sources)
         self._seen: Sequence[int] | None = None
-
-    def plan_sources(self, context: Sequence[int]) -> list[Source]:
-        """The sources as the planner sees them, reading `context` (the committed tokens) as it grows."""
-        return [Source(s.name, s.has_cost, partial(_support, s, self._context(s, context)),
-                       partial(_lag, s, self._context(s, context))) for s in self.sources]
 
     def begin(self, sampler: Sampler, seen: Sequence[int] | None = None) -> None:
         """Start a request. `seen`, when given, is everything the request has seen, growing with
@@ -80,10 +73,3 @@ class HybridDrafter:
             if isinstance(s, Learner):
                 s.finish(prompt, output, done_reason)
 
-
-def _support(source: Drafter, context: Sequence[int]) -> Support:
-    return source.propose(context, 0).support
-
-
-def _lag(source: Drafter, context: Sequence[int]) -> int:
-    return source.propose(context, 0).lag

@@ -1,7 +1,7 @@
 """One request being generated: a sequence that a step drives.
 
 A `Sequence` holds everything of one request: its committed tokens, sampler, grammar, drafter and
-planner state, and its output. It never decodes. Each step it says which rows it needs scored next
+counters, and its output. It never decodes. Each step it says which rows it needs scored next
 (`rows`: a chunk of its prompt's prefill, one plain token, or a token with its drafted stretch),
 takes those rows' logits back (`take`), verifies the draft against them, emits its output and
 updates its drafters; between steps it tells the step loop (engine.step) how many positions of its
@@ -38,12 +38,13 @@ after a shift reads the cache exactly as plain steps do. Drafters only see the s
 Logprobs (engine.logprobs) come from the row that scored each emitted token, the verify batch's
 under speculation; they are computed only when asked for.
 
-A drafter is held as a hybrid.HybridDrafter (a lone one as a hybrid of one): the planner picks the
-source of each round's draft. Where a batch of the previous decode's shape costs less (a GPU's
-CUDA graphs, CostModel.t_same) the planner may ask for more rows than the draft fills: the rest are
-copies of the pending token, whose rows are never read and whose cache entries are rolled back with
-the rejected drafts, so they change nothing but the batch's shape. At the end the drafter is told
-of the finished request (`finish`), speculative or not, so a cross-request cache learns it.
+A drafter is held as a hybrid.HybridDrafter (a lone one as a hybrid of one). Each step the
+sequence offers every ready source's draft (`menu`), the step's schedule picks one or none
+(engine.schedule), and the sequence learns how the draft fared (engine.evidence). The step loop
+may pad a round's rows to its neighbours' width (one pass for a run of streams): the pad rows are
+copies of the pending token, never read, and rolled back with the rejected drafts. At the end the
+drafter is told of the finished request (`finish`), speculative or not, so a cross-request cache
+learns it.
 """
 
 from __future__ import annotations
@@ -55,15 +56,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sidecar.engine.adaptive import ALONE, CostModel, SpeculativeConfig, Step
-from sidecar.engine.drafters import ModelDrafter, Proposal, common_prefix
+from sidecar.engine.adaptive import SpeculativeConfig
+from sidecar.engine.cost import CostModel
+from sidecar.engine.drafters import ModelDrafter, Proposal, Support, common_prefix
+from sidecar.engine.evidence import Evidence
 from sidecar.engine.grammar import DraftStates, Grammar
 from sidecar.engine.hybrid import HybridDrafter
 from sidecar.engine.llama import EngineError, Weights
 from sidecar.engine.logprobs import Logprobs, TokenLogprob, token_logprob
-from sidecar.engine.planner import Plan
-from sidecar.engine.rounds import PLAIN, Offer, Round
 from sidecar.engine.sampling import Sampler, SamplingParams
+from sidecar.engine.schedule import PLAIN, Choice, Option
+from sidecar.engine.tally import Tally
 from sidecar.engine.text import TextStream, Trigger
 from sidecar.engine.verify import verify, verify_greedy_rows
 from sidecar.engine.window import shift_span, truncate_prompt
@@ -153,14 +156,11 @@ class Ask:
 
 @dataclass
 class _Pending:
-    """The round between `rows` and `take`: its decision, draft and the proposal behind it."""
+    """The round between `rows` and `take`: the step's choice, its draft and the proposal behind it."""
 
-    round: Round
+    choice: Choice
     draft: list[int]
     proposal: Proposal
-    batch: int
-    step: Step  # the rest of the decode it joined
-    shadows: list[tuple[int, Proposal]]  # (source, draft) a free source would have made (_shadows)
 
 
 class Sequence:
@@ -169,7 +169,8 @@ class Sequence:
     `drafter` drafts when the request speculates and learns the finished request in any case."""
 
     def __init__(self, weights: Weights, n_ctx: int, n_batch: int, req: Request, drafter: HybridDrafter | None,
-                 config: SpeculativeConfig, cost: CostModel, cancelled: Callable[[], bool] = lambda: False) -> None:
+                 config: SpeculativeConfig, cost: CostModel, cancelled: Callable[[], bool] = lambda: False,
+                 evidence: Evidence | None = None) -> None:
         self.weights, self.n_ctx, self.n_batch = weights, n_ctx, n_batch
         self.req = req
         self.learner = drafter
@@ -177,6 +178,8 @@ class Sequence:
         if req.n_max is not None:
             config = SpeculativeConfig(**{**config.__dict__, "n_max": min(config.n_max, req.n_max)})
         self.config, self.cost = config, cost
+        # The pair's acceptance evidence (shared by its requests); a request of its own otherwise.
+        self.evidence = evidence or Evidence(config.acceptance_prior, config.prior_weight)
         self.cancelled = cancelled
         self.grammar = Grammar(weights, req.grammar) if req.grammar else None
         self.done: str | None = None
@@ -223,17 +226,20 @@ class Sequence:
         if drafter is not None:
             drafter.begin(self.sampler, self.seen)
             self.result.drafter = drafter.name
-        self.plan = Plan.start(self.config, self.cost, drafter.plan_sources(self.tokens) if drafter else [],
-                               req.num_predict)
+        self.tally = Tally(by_source={s.name: [0, 0] for s in drafter.sources} if drafter else {})
+        self.enabled, self.fallback = drafter is not None, None
+        if drafter is not None and 0 <= req.num_predict < self.config.min_predict:
+            self.enabled = False
+            self.fallback = f"short output: num_predict {req.num_predict} < {self.config.min_predict}"
+        self._menu: list[Option] = []  # this round's options, until the step chose (`_say`)
+        self._shifting: tuple[int, int] | None = None  # the shift `ready` made, for the next rows
         self.text = TextStream(req.stop)
         self.text_of = _renderer(self.weights.piece, self.weights.special_piece, req.preserve)
         self.trigger = Trigger(req.grammar_after) if self.grammar is not None and req.grammar_after else None
         self.pending: list[TokenLogprob] = []  # logprobs of tokens whose text is not out yet
         self.limit = req.num_predict if req.num_predict >= 0 else float("inf")
         self._round: _Pending | None = None
-        self._asked: tuple[Round, Step, tuple[int, int] | None, list[tuple[int, Proposal]]] | None = None
-        self.expect = 1.0  # tokens the round asked for is expected to emit
-        self.extra = 0.0  # ... and the seconds its draft adds to the step (Round.seconds)
+        self._asked: Choice | None = None  # the model draft `rows` asked for (an Ask)
         self._t_gen: float | None = None  # when the first token came (module docstring)
         return keep
 
@@ -243,129 +249,126 @@ class Sequence:
         return bool(self._rest)
 
     # -- a step --------------------------------------------------------------------------------
-    def rows(self, step: Step = ALONE, budget: int | None = None) -> Rows | Ask | None:
-        """The rows to score next; None once the sequence is done (then `finish`). Where the round
-        drafts from a model, an `Ask` for that draft instead: the step loop drafts for every
-        sequence at once and hands the draft back (`drafted`), which gives the rows.
+    def ready(self) -> bool:
+        """Whether the sequence runs in this step; False once it is done (then `finish`): it ended,
+        its client went away, or its window is full and may not shift. A full window that may
+        shift is shifted here (the step loop applies the shift with the rows)."""
+        if self._rest:
+            return True
+        if self.done is None and self.cancelled():
+            self.done = "cancel"
+        if self.done is None and self.kv_len >= self.n_ctx:  # no room for the pending token
+            self._shifting = self._shift()
+            if self._shifting is None:
+                self.done = "length"
+            else:
+                self.result.shifts += 1
+        return self.done is None
 
-        `step` is the rest of the decode these rows join (the planner prices a draft by what it
-        adds to it); `budget` caps a prefill chunk, so a long prompt comes in a bit per step
-        while other sequences keep their pace."""
+    def menu(self, room: int) -> tuple[Option, ...]:
+        """What this round may draft (engine.schedule): each ready source's expected tokens at k =
+        0..k_cap, at acceptances drawn from the evidence (engine.evidence), within `room` drafted
+        tokens (what the step's n_batch leaves) and the window's."""
+        drafter = self.drafter
+        self._menu = []
+        if drafter is None or not self.enabled or self._rest:
+            return ()
+        out = self.result.tokens
+        k_cap = int(min(self.config.n_max, self.limit - len(out) - 1, room, self.n_ctx - self.kv_len - 1))
+        if k_cap < self.config.n_min:
+            return ()
+        options = []
+        produced = len(out)
+        # The tokens a catch-up is repaid over: at most `horizon` to go, times the share plain
+        # steps made so far (a copying request's free sources leave a model little to speed up).
+        share = 1.0 - self.tally.free_tokens / produced if produced >= 32 else 1.0
+        future = min(self.limit - produced, self.config.horizon) * share
+        for i, src in enumerate(drafter.sources):
+            look = drafter.propose(i, self.tokens, 0, None)
+            if not look.support.ready:
+                continue
+            expected = self._expected(src.name, look.support, k_cap)
+            options.append(Option(i, expected, src.has_cost, look.lag, future, id(self.cost)))
+        self._menu = options
+        return tuple(options)
+
+    def _expected(self, name: str, support: Support, k: int) -> np.ndarray:
+        """Tokens a round drafting 0..k tokens of this class emits (Leviathan et al.), each drafted
+        token at a draw of its own class's acceptance (Support.along: a copy that holds becomes a
+        longer one)."""
+        draws: dict[int, float] = {}
+        acc = np.empty(k)
+        for j in range(k):
+            s = support if support.along is None else support.along(j)
+            a = draws.get(s.cls)
+            if a is None:
+                a = draws[s.cls] = self.evidence.draw(name, s)
+            acc[j] = a
+        return np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(acc))))
+
+    def rows(self, choice: Choice = PLAIN, budget: int | None = None) -> Rows | Ask:
+        """The rows to score next, for the round the step chose (engine.schedule). Where the round
+        drafts from a model, an `Ask` for that draft instead: the step loop drafts for every
+        sequence at once and hands the draft back (`drafted`), which gives the rows. `budget` caps
+        a prefill chunk, so a long prompt comes in a bit per step while other sequences keep
+        their pace."""
         if self._rest:
             n = min(len(self._rest), self.n_batch, budget or self.n_batch)
             self._taking = n
             last = n == len(self._rest)
             if last:  # the chunk that ends the prompt: its last row gives the first token, a plain round
-                self._round = _Pending(PLAIN, [], Proposal(), n, step, [])
+                self._round = _Pending(PLAIN, [], Proposal())
             return Rows(self._rest[:n], logits=False, first=last)
-        if self.done is not None:
-            return None
-        if self.cancelled():
-            self.done = "cancel"
-            return None
-        shift = None
-        if self.kv_len >= self.n_ctx:  # no room for the pending token
-            shift = self._shift()
-            if shift is None:
-                self.done = "length"
-                return None
-            self.result.shifts += 1
-        # Room for a draft: in the window, and in the step's batch beside the rows before it.
-        room = min(self.n_ctx - self.kv_len, self.n_batch - sum(n for _, n in step.rows)) - 1
-        tokens, out, drafter, live = self.tokens, self.result.tokens, self.drafter, self._live
-        rnd = self.plan.decide(len(out), self.limit - len(out), room, step)
-        self.expect, self.extra = self.plan.expected(rnd), rnd.seconds
-        proposal, shadows = Proposal(), []
-        if rnd.k > 0 and drafter:
-            source = drafter.sources[rnd.source]
-            shadows = self._shadows(rnd, live) if source.has_cost else []
+        self._say(choice)
+        if choice.k > 0 and self.drafter is not None:
+            source = self.drafter.sources[choice.source]
             if isinstance(source, ModelDrafter):  # drafted with the other sequences' (engine.step)
-                self._asked = (rnd, step, shift, shadows)
-                return Ask(source, tokens, rnd.k, live)
-            proposal = drafter.propose(rnd.source, tokens, rnd.k, live)
-        return self._rows(rnd, proposal, step, shift, shadows)
+                self._asked = choice
+                return Ask(source, self.tokens, choice.k, self._live)
+            return self._rows(choice, self.drafter.propose(choice.source, self.tokens, choice.k, self._live))
+        return self._rows(PLAIN, Proposal())
+
+    def _say(self, choice: Choice) -> None:
+        """Why this round steps plain though a source had a draft ready (Result.fallback), or
+        nothing once it drafts again."""
+        if choice.k > 0:
+            self.fallback = None
+            return
+        menu, self._menu = self._menu, []
+        if not menu:
+            return
+        self.result.withdrawn += 1
+        if self.fallback is None:
+            best = max(menu, key=lambda o: o.expected[1])
+            a = best.expected[1] - 1.0  # the drawn acceptance of its first token
+            self.fallback = (f"draft does not pay: acceptance {a:.2f}" if a < 0.5
+                             else "verification too costly on this hardware")
 
     def drafted(self, proposal: Proposal) -> Rows:
         """The rows for the round `rows` asked a model draft for (an `Ask`), now drafted."""
         assert self._asked is not None
-        (rnd, step, shift, shadows), self._asked = self._asked, None
-        return self._rows(rnd, proposal, step, shift, shadows)
+        choice, self._asked = self._asked, None
+        return self._rows(choice, proposal)
 
     @property
     def _live(self) -> Grammar | None:
         """The grammar that masks this round's rows, if one does yet (`grammar_after`)."""
         return self.grammar if self.trigger is None or self.trigger.fired else None
 
-    def offer(self) -> Offer | None:
-        """What this round would give drafting from the model with the step's other sequences
-        (engine.together), after `rows` answered; None where it may not (Plan.offer)."""
-        if self._rest or self.done is not None or self.drafter is None:
-            return None
-        out = self.result.tokens
-        return self.plan.offer(len(out), self.limit - len(out), self.n_ctx - self.kv_len - 1)
-
-    def join(self, want: Rows | Ask, rnd: Round) -> Ask:
-        """The round `rows` answered with `want` drafts `rnd` from the model instead, with the
-        step's other sequences (engine.together)."""
-        assert self.drafter is not None
-        if isinstance(want, Ask):
-            assert self._asked is not None
-            _, step, shift, _ = self._asked
-        else:
-            assert self._round is not None
-            step, shift = self._round.step, want.shift
-        self.plan.join(rnd)
-        self.expect, self.extra = self.plan.expected(rnd), rnd.seconds
-        live = self._live
-        self._asked = (rnd, step, shift, self._shadows(rnd, live))
-        return Ask(self.drafter.sources[rnd.source], self.tokens, rnd.k, live)  # type: ignore[arg-type]
-
-    def withdraw(self, want: Rows | Ask) -> Rows:
-        """The rows for this round without its draft: the step could not afford it (engine.fair)."""
-        if isinstance(want, Ask):
-            assert self._asked is not None
-            (_, step, shift, shadows), self._asked = self._asked, None
-        else:
-            pending = self._round
-            assert pending is not None
-            # The draft it would have verified, checked against the token the plain row makes:
-            # evidence, so a copy that is taken back is still learnt and priced (`_shadows`).
-            step, shift, shadows = pending.step, want.shift, [(pending.round.source, pending.proposal)]
-        self.plan.withdraw()
-        self.result.withdrawn += 1
-        self.expect, self.extra = 1.0, 0.0
-        return self._rows(PLAIN, Proposal(), step, shift, shadows)
-
-    def _shadows(self, rnd: Round, live: Grammar | None) -> list[tuple[int, Proposal]]:
-        """What each free source would have drafted in the model's round `rnd` (a lookup costs
-        nothing): its verify shows how much of that held, evidence for the free source's classes.
-        Without it a request the model covers (code) teaches a hybrid's n-gram nothing, and its
-        next copying request priced a long match from fewer rounds than n-gram alone had (README,
-        `draft: auto`)."""
-        assert self.drafter is not None
-        return [(i, p) for i, s in enumerate(self.drafter.sources) if i != rnd.source and not s.has_cost
-                if (p := self.drafter.propose(i, self.tokens, rnd.k + 1, live)).tokens]
-
-    def _rows(self, rnd: Round, proposal: Proposal, step: Step, shift: tuple[int, int] | None,
-              shadows: list[tuple[int, Proposal]]) -> Rows:
-        tokens = self.tokens
-        draft = proposal.tokens[: rnd.k]
-        batch = [tokens[-1], *draft]
-        width = min(rnd.rows, self.n_ctx - self.kv_len)  # the stretch's shape (module docstring), within the window
-        if draft and width > len(batch):
-            batch += [tokens[-1]] * (width - len(batch))
-        self._round = _Pending(rnd, draft, proposal, len(batch), step, shadows)
-        return Rows(batch, shift=shift)
+    def _rows(self, choice: Choice, proposal: Proposal) -> Rows:
+        draft = proposal.tokens[: choice.k]
+        self._round = _Pending(choice, draft, proposal)
+        shift, self._shifting = self._shifting, None
+        return Rows([self.tokens[-1], *draft], shift=shift)
 
     def full(self) -> None:
         """The KV cache had no room for the rows asked for: the generation ends there."""
         self._round = None
         self.done = "length"
 
-    def take(self, logits: np.ndarray | None, seconds: float = 0.0, alone: bool = True) -> list[Item]:
-        """The rows' logits (None for a prefill chunk) and the seconds their decode took: verify,
-        commit and return the output they make final. `alone`: the decode held these rows only,
-        so its seconds are theirs and the cost model learns from them."""
+    def take(self, logits: np.ndarray | None) -> list[Item]:
+        """The rows' logits (None for a prefill chunk): verify, commit and return the output they
+        make final."""
         if self._rest:
             del self._rest[: self._taking]
             self.kv_len += self._taking
@@ -374,12 +377,6 @@ class Sequence:
         assert logits is not None and self._round is not None
         pending, self._round = self._round, None
         draft, proposal = pending.draft, pending.proposal
-        # Alone, the decode's seconds are this round's; in a shared decode, its share, and what a
-        # plain row and a token cost there: what the round's tokens had cost stepping plain. A plain
-        # round in a shared decode uses neither (Plan.record learns nothing from its seconds).
-        plain_row = per_token = 0.0
-        if not alone and draft:
-            seconds, plain_row, per_token = self.cost.shares(pending.batch, pending.step, seconds)
         tokens, history, out = self.tokens, self.history, self.result.tokens
         sampler, grammar, trigger, text_of = self.sampler, self.grammar, self.trigger, self.text_of
         window, greedy = sampler.history_window, sampler.params.greedy
@@ -400,15 +397,13 @@ class Sequence:
             finally:
                 states.close()
         self.kv_len = len(tokens) + m  # keep the pending token and the accepted drafts
-        held = [*draft[:m], nxt]  # the target's tokens, as far as this round shows them
-        for i, shadow in pending.shadows:
-            known = min(len(shadow.tokens), len(held))
-            agree = next((j for j in range(known) if shadow.tokens[j] != held[j]), known)
-            self.plan.learn(i, shadow.support, known, agree)
-        self.plan.record(pending.round, len(draft), m, proposal.seconds, seconds, len(out),
-                         proposal.step_seconds, proposal.caught_up, pending.batch, observe=alone,
-                         plain_seconds=None if alone else plain_row + m * per_token, step=pending.step,
-                         company=proposal.company)
+        if draft and self.drafter is not None:
+            src = self.drafter.sources[pending.choice.source]
+            support = proposal.support if proposal.support.ready else Support()
+            self.evidence.observe(src.name, support, len(draft), m)
+            self.tally.add(src.name, len(draft), m)
+            if not src.has_cost:
+                self.tally.free_tokens += m + 1
         items: list[Item] = []
         for row, tok in enumerate((*draft[:m], nxt)):
             if self.weights.is_eog(tok):
@@ -443,7 +438,7 @@ class Sequence:
     def finish(self) -> list[Item]:
         """The output still held back, then the Result; the drafter learns the request first (a
         consumer may stop reading at the Result)."""
-        res, plan, done = self.result, self.plan, self.done
+        res, tally, done = self.result, self.tally, self.done
         assert done is not None
         items: list[Item] = []
         rest = self.text.flush()
@@ -457,14 +452,13 @@ class Sequence:
             res.prompt_seconds, self._t_gen = now - self._t0, now
         res.eval_seconds = now - self._t_gen
         res.done_reason = done
-        tally = plan.tally
         res.draft_tokens = tally.draft_tokens
         res.draft_accepted_tokens = tally.accepted_tokens
         res.draft_rounds = tally.rounds
         res.accepted_per_pos = list(tally.accepted_per_pos)
         res.drafts_by_source = {name: (d, a) for name, (d, a) in tally.by_source.items()}
         res.saved_seconds = tally.saved_seconds
-        res.fallback = plan.fallback if self.drafter else None
+        res.fallback = self.fallback
         if self.learner is not None:
             self.learner.finish(self.prompt, res.tokens, done)
         items.append(res)

@@ -7,28 +7,20 @@ first `kv_len` positions, shift a full window), decodes every sequence's rows in
 and hands each sequence its logits back. A sequence never touches the context, so one sequence
 alone and one among many run the same code.
 
-What a step holds:
-- A decoding sequence's rows: its pending token, plus the draft its planner priced for this step
-  (engine.planner, `Step`): the furthest behind plain steps first (one whose draft the last step
-  took back last), each sequence sees the rows the others put in the step
-  (those before it as decided, those after it as plain rows), so a draft is taken only where it
-  adds more tokens than it slows the whole step down, and drafts shrink as the batch fills. A pass
-  over several sequences' streams costs more than as many rows of one stream; every shared decode
-  teaches the cost model by how much (CostModel.observe_shared). Before the step is decoded, the
-  drafts that would leave another stream behind plain steps, or hold up a prompt's first token,
-  are taken back (engine.fair).
-- Model drafts for those rows: every sequence whose round drafts from a draft model gets its draft
-  from its own stream of the pair's one draft context, all in one llama_decode per draft step
-  (drafters.propose_together). Since no single sequence's decision sees what its draft costs
-  when the others draft too (the draft steps carry all their rows, the verify rows go in one
-  pass), the sequences on one draft context are offered a joint round once they have decided,
-  where it beats their step (engine.together).
-- A chunk of any prompt being prefilled. While other sequences decode, the chunk is cut so that
-  it adds at most `PREFILL_SHARE` times what their rows cost, so running streams keep their pace
-  while a long prompt comes in (chunked prefill); alone, a prompt goes in n_batch chunks. What a
-  prompt token adds to a step is learnt from the steps that carried its chunks (`_Chunking`): the
-  verify curve prices a row that computes logits over a short context, and a prefill row computes
-  none, but attends over everything before it, which grows as a long prompt comes in.
+What a step does (the design page, docs/design/scheduler.md, walks one through):
+1. Every running sequence says whether it goes on (`Sequence.ready`: done, cancelled, or its
+   full window shifted). Each decoding one offers a menu (`Sequence.menu`): what each ready
+   source's draft is expected to emit at each length, drawn from the evidence (engine.evidence).
+2. One schedule picks every sequence's (source, k) for the whole step (engine.schedule), by the
+   one fitted cost model (engine.cost) and the host's price (engine.hosttime).
+3. Model drafts are made for every sequence that drafts from a model, one batch per draft
+   context (drafters.propose_together); a prompt being prefilled takes a chunk that adds at
+   most PREFILL_SHARE times the decoding step's price, so running streams keep their pace while
+   a long prompt comes in (chunked prefill); alone, a prompt goes in n_batch chunks.
+4. One llama_decode over every sequence's rows, in the cheaper of two layouts (each run of
+   consecutive streams padded to one width, or split as llama.cpp splits it); its seconds teach
+   the cost model, by the layout's features.
+5. Each sequence verifies its rows and emits its output (`Sequence.take`).
 
 Losslessness: each sequence's stream starts at cell 0 and holds only its own positions, so its
 rows read the same cells in the same order as when it runs alone, and llama.cpp's CPU kernels
@@ -51,22 +43,19 @@ import itertools
 import time
 from collections import abc
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from sidecar.engine.adaptive import Step
+from sidecar.engine.cost import CostModel, Layout
 from sidecar.engine.drafters import ModelDrafter, common_prefix, propose_together
-from sidecar.engine.fair import Account, Bid, settle, withdrawals
 from sidecar.engine.hosttime import HostTime, device_seconds
-from sidecar.engine.layout import runs
+from sidecar.engine.layout import passes, runs
 from sidecar.engine.llama import Context
-from sidecar.engine.rounds import Round
+from sidecar.engine.schedule import PLAIN, Choice, Menu, Plan, schedule
 from sidecar.engine.sequence import Ask, Item, Rows, Sequence
 from sidecar.engine.seqview import SeqView
-from sidecar.engine.together import Member, choose
 
 PREFILL_SHARE = 1.2  # a prefill chunk may add this many times the decoding rows' cost to a step
 MIN_CHUNK = 1  # ... but never fewer tokens than this, so a prompt always comes in
-PRICE_ROWS = 4  # before a chunk was timed, a prompt token is priced as a share of what this many rows add
 MIN_COPY = 16  # a prefix shorter than this is prefilled rather than copied
 
 
@@ -79,21 +68,8 @@ class Stats:
     tokens: int = 0  # tokens the sequences emitted, over all steps (live, where a Result counts at the end)
     cached_tokens: int = 0  # prompt tokens reused from a stream's cache instead of prefilled
     copied_tokens: int = 0  # ... of which copied from another stream
-    withdrawn: int = 0  # drafts a shared step took back: another stream could not afford them (engine.fair)
-    together: int = 0  # model drafts made in joint rounds: each sequence's round overridden (engine.together)
-
-
-@dataclass
-class _Chunking:
-    """A prompt coming in beside decoding sequences: the seconds one of its tokens adds to a step
-    (a moving average over the steps that carried its chunks; 0 until one did)."""
-
-    per_token: float = 0.0
-
-    def observe(self, tokens: int, seconds: float) -> None:
-        if tokens > 0 and seconds > 0:
-            got = seconds / tokens
-            self.per_token = got if self.per_token == 0 else self.per_token + 0.3 * (got - self.per_token)
+    withdrawn: int = 0  # rounds the schedule ran plain though a draft was ready (engine.schedule)
+    together: int = 0  # model drafts made in one batch with another sequence's (drafters.propose_together)
 
 
 class StepLoop:
@@ -104,14 +80,12 @@ class StepLoop:
         self.running: dict[int, Sequence] = {}  # stream id -> its sequence
         self._clock = itertools.count(1)
         self._used = [0] * target.n_seq  # when each stream last held a sequence (LRU)
-        self._chunking: dict[int, _Chunking] = {}  # stream id -> its prompt's chunk pricing
-        self._accounts: dict[int, Account] = {}  # stream id -> its standing over shared steps (engine.fair)
-        self._held: set[int] = set()  # streams whose drafts the last step took back
-        self._joint: set[int] = set()  # streams the last step drafted together (engine.together)
         self.stats = Stats()
-        # The host's part of each step, its histograms and its price (engine.hosttime); every
-        # sequence's cost model prices its drafts' host work by it (CostModel.host).
+        # The host's part of each step, its histograms and its price (engine.hosttime), which
+        # the schedule adds to the device's.
         self.host = HostTime()
+        self._widths: tuple[tuple[int, int], ...] = ()  # the last decode's rows per stream (Layout.changed)
+        self._drafted_last = False  # whether the last step drafted (the schedule's hysteresis)
         self._held_step: tuple[int, int, int, int] | None = None  # what the last decode held (`step`)
 
     @property
@@ -138,7 +112,8 @@ class StepLoop:
             seq.close()
             raise
         target.truncate(keep, sid)
-        seq.cost.host = self.host.price
+        if not seq.cost.seeded:
+            seq.cost.seed()  # from the calibration's prices its owner set (none: every round plain)
         self.stats.cached_tokens += keep
         self.running[sid] = seq
         self._used[sid] = next(self._clock)
@@ -185,57 +160,48 @@ class StepLoop:
     def _step(self, skip: Callable[[Sequence], bool]) -> list[tuple[Sequence, list[Item] | BaseException]]:
         target = self.target
         out: list[tuple[Sequence, list[Item] | BaseException]] = []
-        ids = [s for s in sorted(self.running) if not skip(self.running[s])]
-        decoding = [s for s in ids if not self.running[s].prefilling]
-        # A sequence whose draft the last step took back decides after the others: a draft the
-        # step cannot afford must not crowd out theirs; and otherwise the furthest behind plain
-        # steps first, so a copy that the others' priced out of one step goes in the next
-        # (engine.fair counts it as made).
-        accounts = self._accounts
-        decoding.sort(key=lambda s: (s in self._held, accounts[s].ahead if s in accounts else 0.0))
 
-        def deepest(sids: abc.Iterable[int]) -> int:
-            """The cells a pass over these streams attends over: llama.cpp sizes it by the deepest."""
-            return max((len(target.held(s)) for s in sids), default=0)
-        # The rows every sequence puts in the step: decided in that order against the others'.
-        planned: dict[int, int] = {s: 1 for s in decoding}
-        tokens: dict[int, float] = {s: 1.0 for s in decoding}
+        def drop(sid: int, got: list[Item] | BaseException) -> None:
+            out.append((self.running[sid], got))
+            self._leave(sid)
 
-        def drop(sid: int, got: list[Item] | BaseException | None) -> None:
-            planned.pop(sid, None)
-            tokens.pop(sid, None)
-            if got is not None:
-                out.append((self.running[sid], got))
-                self._leave(sid)
-
-        asked: list[tuple[int, Rows | Ask]] = []
-        # The decoding sequences first, then prompts with what is left of n_batch.
-        for sid in [*decoding, *(s for s in ids if s not in planned)]:
+        live = []
+        for sid in sorted(self.running):
             seq = self.running[sid]
+            if skip(seq):
+                continue
             try:
-                if seq.prefilling:
-                    room = target.n_batch - sum(planned.values())
-                    if room < MIN_CHUNK and planned:
-                        continue  # no room in this step: the prompt goes on in the next
-                    chunk = self._chunk(sid, seq, planned, deepest([*planned, sid])) if planned else room
-                    want = seq.rows(budget=min(chunk, room))
-                    if isinstance(want, Rows):  # a prompt's chunk: never a model draft's Ask
-                        planned[sid] = len(want.tokens)
+                if seq.ready():
+                    live.append(sid)
                 else:
-                    others = tuple((s, n) for s, n in planned.items() if s != sid)
-                    joins = Step(sid, others, sum(v for s, v in tokens.items() if s != sid), deepest([*planned, sid]))
-                    want = seq.rows(joins)
-                    if want is not None:
-                        planned[sid] = len(want.tokens) if isinstance(want, Rows) else want.k + 1
-                        tokens[sid] = seq.expect
-                if want is None:
                     drop(sid, seq.finish())
-                    continue
-                asked.append((sid, want))
             except BaseException as e:  # this sequence's failure, not the step's
                 drop(sid, e)
-        self._together(asked, planned, tokens, deepest(planned))
-        bids, self._held = self._fair(asked, planned, deepest(planned), set(decoding))
+        if not live:
+            return out
+        decoding = [s for s in live if not self.running[s].prefilling]
+        cells = max(len(target.held(s)) for s in live)  # a pass attends over its deepest stream
+        cost = self.running[live[0]].cost
+        plan = self._schedule(decoding, cost, cells, drop)
+        asked: list[tuple[int, Rows | Ask]] = []
+        for sid in [s for s in decoding if s in self.running]:
+            try:
+                asked.append((sid, self.running[sid].rows(plan.choices.get(sid, PLAIN))))
+            except BaseException as e:
+                drop(sid, e)
+        used = len(asked) + sum(c.k for c in plan.choices.values())
+        for sid in [s for s in live if s not in decoding]:  # prompts, with what is left of n_batch
+            room = target.n_batch - used
+            if room < MIN_CHUNK and used:
+                break  # no room in this step: the prompts go on in the next
+            chunk = self._chunk(cost, plan.seconds, cells) if decoding else room
+            try:
+                want = self.running[sid].rows(budget=min(chunk, room))
+            except BaseException as e:
+                drop(sid, e)
+                continue
+            used += len(want.tokens) if isinstance(want, Rows) else 0
+            asked.append((sid, want))
         parts: list[tuple[int, Rows]] = []
         for sid, rows in self._drafted(asked, drop):
             seq = self.running[sid]
@@ -243,22 +209,58 @@ class StepLoop:
                 if rows.shift is not None:
                     target.shift(*rows.shift, seq=sid)
                 if len(target.held(sid)) + len(rows.tokens) > target.n_ctx:
-                    seq.full()
-                    drop(sid, None)
+                    seq.full()  # it ends in the next step (Sequence.ready)
                     continue
                 parts.append((sid, rows))
             except BaseException as e:
                 drop(sid, e)
         if not parts:
             return out
+        return out + self._decode(parts, cost, cells, plan)
+
+    def _schedule(self, decoding: list[int], cost: CostModel, cells: int,
+                  drop: Callable[[int, BaseException], None]) -> Plan:
+        """The step's plan (engine.schedule) from every decoding sequence's menu."""
+        if not decoding:
+            return Plan()
+        config = self.running[decoding[0]].config
+        if config.adaptive and not cost.ready:
+            return Plan()  # nothing priced yet (a decoder without a calibration): plain steps
+        room = self.target.n_batch - len(decoding)  # drafted rows n_batch leaves beside the plain ones
+        menus = []
+        for sid in decoding:
+            try:
+                menus.append(Menu(sid, self.running[sid].menu(room), room))
+            except BaseException as e:
+                drop(sid, e)
+        if not config.adaptive:  # llama.cpp's rule: the first ready source, as long as it may
+            return Plan({m.sid: Choice(m.options[0].source, len(m.options[0].expected) - 1)
+                         for m in menus if m.options})
+        plain = tuple((sid, 1) for sid in decoding)
+        need = 1.0 if self._drafted_last else config.min_gain
+        plan = schedule(menus, cost, self.host.price, cells, 1.0 - config.fallback_margin, need, room,
+                        changed=plain != self._widths)
+        self._drafted_last = bool(plan.choices)
+        self.stats.withdrawn += sum(1 for m in menus if m.options and m.sid not in plan.choices)
+        return plan
+
+    def _decode(self, parts: list[tuple[int, Rows]], cost: CostModel, cells: int, plan: Plan
+                ) -> list[tuple[Sequence, list[Item] | BaseException]]:
+        """Decode every sequence's rows in one llama_decode, teach the cost model what it took,
+        and hand each sequence its logits."""
+        target, out = self.target, list[tuple[Sequence, list[Item] | BaseException]]()
         batch = [(sid, list(rows.tokens), rows.read) for sid, rows in parts]  # (stream, tokens, rows read)
-        cells = deepest(sid for sid, _ in parts)
-        widths = [(sid, len(tokens)) for sid, tokens, _ in batch]
-        if all(rows.logits for _, rows in parts) and self.running[parts[0][0]].cost.padded(widths, cells):
+        widths = tuple((sid, len(tokens)) for sid, tokens, _ in batch)
+        layout = self._layout(widths, parts, cells)
+        if all(rows.logits for _, rows in parts) and len(parts) > 1:
             window = {sid: target.n_ctx - len(target.held(sid)) for sid, _ in parts}
             padded = pad_widths(widths, window, target.n_batch)
-            # The pending token again, never read (logits are still asked of every row of a round).
-            batch = [(sid, tokens + [tokens[0]] * (padded[sid] - len(tokens)), padded[sid]) for sid, tokens, _ in batch]
+            wide = tuple(padded.items())
+            if wide != widths and cost.step(self._layout(wide, parts, cells)) < cost.step(layout):
+                # The pending token again, never read (logits are still asked of every row of a round).
+                batch = [(sid, tokens + [tokens[0]] * (padded[sid] - len(tokens)), padded[sid])
+                         for sid, tokens, _ in batch]
+                widths, layout = wide, self._layout(wide, parts, cells)
         t = time.perf_counter()
         try:
             logits = target.decode_many(batch, copy=False)  # each sequence reads its rows before the next decode
@@ -268,172 +270,84 @@ class StepLoop:
                 self._leave(sid)
             return out
         seconds = time.perf_counter() - t
-        self._learn_chunks(parts, seconds, cells)
-        if len(parts) > 1 and all(rows.logits for _, rows in parts):
-            decoded = [(sid, len(tokens)) for sid, tokens, _ in batch]
-            for cost in {id(m): m for m in (self.running[sid].cost for sid, _ in parts)}.values():
-                cost.observe_shared(decoded, seconds, cells)
+        for model in {id(m): m for m in (self.running[sid].cost for sid, _ in parts)}.values():
+            model.observe_step(layout, seconds)
+        self._widths = widths
         self.stats.steps += 1
-        self.stats.rows += sum(len(rows.tokens) for _, rows in parts)
-        alone = len(parts) == 1
-        made: dict[int, Bid] = {}
+        self.stats.rows += sum(n for _, n in widths)
+        # What each sequence's round saved against the all-plain step, by the schedule's prices:
+        # /metrics' realised speed-up over target-only (Result.saved_seconds).
+        n = max(1, sum(1 for _, rows in parts if rows.logits))
+        per_plain, per_step = plan.plain / n, plan.seconds / n
         ended: list[int] = []
         emitted = 0
-        for (sid, _), lg in zip(parts, logits, strict=True):
+        for (sid, rows), lg in zip(parts, logits, strict=True):
             seq = self.running[sid]
             before = len(seq.result.tokens)
             try:
-                items = seq.take(lg, seconds, alone)
+                items = seq.take(lg)
                 target.truncate(seq.kv_len, sid)
-                self.stats.tokens += len(seq.result.tokens) - before
             except BaseException as e:
                 out.append((seq, e))
                 self._leave(sid)
                 continue
-            emitted += len(seq.result.tokens) - before
-            if sid in bids:
-                made[sid] = replace(bids[sid], tokens=float(len(seq.result.tokens) - before))
+            made = len(seq.result.tokens) - before
+            emitted += made
+            if rows.logits and plan.choices:
+                seq.tally.saved_seconds += made * per_plain - per_step
             if seq.done is not None:  # its Result goes now, not after the next step's decode (a prompt's chunk, maybe)
                 items = [*items, *seq.finish()]
                 ended.append(sid)
             if items:
                 out.append((seq, items))
-        settle(made, self._accounts)
+        self.stats.tokens += emitted
         for sid in ended:
             self._leave(sid)
         drafts = [len(rows.tokens) - 1 for _, rows in parts if rows.logits and len(rows.tokens) > 1]
         self._held_step = (sum(1 for _, rows in parts if rows.logits), emitted, len(drafts), sum(drafts))
         return out
 
+    def _layout(self, widths: tuple[tuple[int, int], ...], parts: list[tuple[int, Rows]], cells: int) -> Layout:
+        """The decode as the cost model sees it (engine.cost)."""
+        prefill = sum(len(rows.tokens) for _, rows in parts if not rows.logits)
+        return Layout(len(passes(widths)), sum(n for _, n in widths) - prefill, prefill, cells,
+                      changed=widths != self._widths)
+
     def _drafted(self, asked: list[tuple[int, Rows | Ask]], drop: Callable[[int, BaseException], None]
                  ) -> list[tuple[int, Rows]]:
         """Every sequence's rows: model drafts asked for are drafted together, one batch per
-        draft context (drafters.propose_together)."""
-        asks = [(sid, a) for sid, a in asked if isinstance(a, Ask)]
+        draft context (drafters.propose_together), and their time teaches the pair's cost model."""
         drafted: dict[int, Rows] = {}
         groups: dict[int, list[tuple[int, Ask]]] = {}
-        for sid, a in asks:
-            groups.setdefault(_context_of(a.drafter), []).append((sid, a))
+        for sid, a in asked:
+            if isinstance(a, Ask):
+                groups.setdefault(_context_of(a.drafter), []).append((sid, a))
         for group in groups.values():
+            t0 = time.perf_counter()
             try:
-                proposals = propose_together([(a.drafter, a.context, a.k, a.grammar) for _, a in group])
+                proposals, steps, rows = propose_together([(a.drafter, a.context, a.k, a.grammar) for _, a in group])
             except BaseException as e:  # the draft context failed: its sequences fail
                 for sid, _ in group:
                     drop(sid, e)
                 continue
+            seconds = time.perf_counter() - t0
+            self.running[group[0][0]].cost.observe_draft(steps, rows, sum(p.caught_up for p in proposals), seconds)
+            if len(group) > 1:
+                self.stats.together += len(group)
             for (sid, _), proposal in zip(group, proposals, strict=True):
                 drafted[sid] = self.running[sid].drafted(proposal)
         return [(sid, a if isinstance(a, Rows) else drafted[sid]) for sid, a in asked
                 if isinstance(a, Rows) or sid in drafted]
 
-    def _together(self, asked: list[tuple[int, Rows | Ask]], planned: dict[int, int], tokens: dict[int, float],
-                  cells: int) -> None:
-        """Offer the decoding sequences on one draft context a round that drafts from the model
-        together, where it beats the step as they decided it (engine.together)."""
-        groups: dict[int, list[Member]] = {}
-        for sid, want in asked:
-            if sid not in tokens or (isinstance(want, Rows) and len(want.tokens) > 1):
-                continue  # a prompt coming in, or a free source's draft
-            seq = self.running[sid]
-            offer = seq.offer()
-            if offer is None:
-                continue
-            src = seq.drafter.sources[offer.source]  # type: ignore[union-attr]
-            if not isinstance(src, ModelDrafter):
-                continue  # drafted on its own
-            groups.setdefault(_context_of(src), []).append(Member(sid, offer, want.k if isinstance(want, Ask) else 0))
-        joint: set[int] = set()
-        for members in groups.values():
-            if len(members) < 2:
-                continue
-            first = self.running[members[0].sid]
-            need = 1.0 if {m.sid for m in members} <= self._joint else first.config.min_gain
-            got = choose(members, planned, tokens, first.cost, cells, self.target.n_batch, need)
-            if got is None:
-                continue
-            k, extra = got
-            for m in members:
-                i = next(i for i, (s, _) in enumerate(asked) if s == m.sid)
-                seq = self.running[m.sid]
-                rnd = Round(m.offer.source, k, k + 1, m.offer.support, seconds=extra)
-                asked[i] = (m.sid, seq.join(asked[i][1], rnd))
-                planned[m.sid], tokens[m.sid] = k + 1, seq.expect
-                joint.add(m.sid)
-        self._joint = joint
-        self.stats.together += len(joint)
-
-    def _fair(self, asked: list[tuple[int, Rows | Ask]], planned: dict[int, int], cells: int, decoding: set[int]
-              ) -> tuple[dict[int, Bid], set[int]]:
-        """Each sequence's bid in a shared step, after the drafts that would leave another stream
-        behind plain steps are taken back (engine.fair), and the sequences whose drafts were; none
-        for a lone sequence's step.
-
-        A prompt coming in is a stream too: its first token waits for every draft in the steps
-        that carry its chunks, and a draft decided beside it never saw it (the decoding sequences
-        decide first). It bids a plain round's one token and no draft, so it is only ever owed:
-        without it, a sequence that started alone drafted (a model draft's catch-up and all) while
-        the streams that arrived with it waited for their first token (the padded pair at N = 4:
-        325 ms against plain's 163 at fbc7043)."""
-        streams = [sid for sid, _ in asked]
-        if len(streams) < 2:
-            return {}, set()
-        plain = tuple((s, 1 if s in decoding else n) for s, n in planned.items())
-        tau: dict[int, float] = {}  # the plain step, once per cost model (the pair's streams share one)
-        bids: dict[int, Bid] = {}
-        # A ready copy counts only against drafts (fair.withdrawals takes back only those that add
-        # seconds): in a step without one, nobody's is worked out.
-        drafts = any(self.running[s].extra > 0 for s in streams if s in decoding)
-        for sid in streams:
-            seq = self.running[sid]
-            cost = seq.cost
-            if id(cost) not in tau:
-                tau[id(cost)] = cost.batch(plain, cells)
-            t = tau[id(cost)]
-            # What its row adds: CostModel.added(1) against the others' rows, from the step priced once.
-            row = t - cost.batch(tuple(r for r in plain if r[0] != sid), cells)
-            could = seq.plan.could if drafts else 1.0
-            bids[sid] = Bid(seq.expect, seq.extra, t, row, could) if sid in decoding else Bid(1.0, 0.0, t, row)
-            self._accounts.setdefault(sid, Account())
-        slack = 1.0 - self.running[min(streams)].config.fallback_margin
-        held, bids = withdrawals(bids, self._accounts, slack)
-        for sid in held:
-            i = next(i for i, (s, _) in enumerate(asked) if s == sid)
-            asked[i] = (sid, self.running[sid].withdraw(asked[i][1]))
-        self.stats.withdrawn += len(held)
-        return bids, set(held)
-
-    def _chunk(self, sid: int, seq: Sequence, planned: dict[int, int], cells: int) -> int:
-        """How much of a prompt a step that others decode in may take (module docstring): what
-        adds PREFILL_SHARE times the decoding rows' cost, at the price its earlier chunks showed
-        (before any, a share of what PRICE_ROWS rows add by the verify curve: one row's margin can
-        read as free where a layout merges passes)."""
-        cost = seq.cost
-        rows = tuple(planned.items())
-        budget = PREFILL_SHARE * cost.batch(rows, cells)
-        if budget <= 0:
-            return seq.n_batch
-        per_token = self._chunking.setdefault(sid, _Chunking()).per_token
-        if per_token <= 0:
-            per_token = cost.added(PRICE_ROWS, Step(sid, rows, cells=cells)) / PRICE_ROWS
-        return max(MIN_CHUNK, min(seq.n_batch, int(budget / per_token))) if per_token > 0 else seq.n_batch
-
-    def _learn_chunks(self, parts: list[tuple[int, Rows]], seconds: float, cells: int) -> None:
-        """What the prompt chunks of a step with decoding rows added: the step's seconds beyond
-        the decoding rows' price (by the prompt's own cost model, the one `_chunk` budgets with),
-        shared among the chunks by their tokens."""
-        chunks = [(sid, len(rows.tokens)) for sid, rows in parts if not rows.logits]
-        decoding = tuple((sid, len(rows.tokens)) for sid, rows in parts if rows.logits)
-        if not chunks or not decoding:
-            return
-        total = sum(n for _, n in chunks)
-        for sid, n in chunks:
-            extra = seconds - self.running[sid].cost.batch(decoding, cells)
-            self._chunking.setdefault(sid, _Chunking()).observe(n, extra * n / total)
+    def _chunk(self, cost: CostModel, seconds: float, cells: int) -> int:
+        """How much of a prompt a step that others decode in may take: what adds PREFILL_SHARE
+        times the decoding step's price, at the cost model's price of a prompt row at this depth."""
+        per_token = cost.step(Layout(0, 0, 1, cells))
+        if per_token <= 0 or seconds <= 0:
+            return self.target.n_batch
+        return max(MIN_CHUNK, min(self.target.n_batch, int(PREFILL_SHARE * seconds / per_token)))
 
     def _leave(self, sid: int) -> None:
-        self._chunking.pop(sid, None)
-        self._accounts.pop(sid, None)
-        self._held.discard(sid)
         seq = self.running.pop(sid)
         seq.close()
         self._used[sid] = next(self._clock)

@@ -38,7 +38,6 @@ import logging
 import operator
 import os
 import threading
-import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -468,11 +467,10 @@ class SuffixDrafter:
         return Support(cls=10 * c + f, prior=(copy / 2, copy, (1 + copy) / 2)[f], under=under)
 
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
-        t0 = time.perf_counter()
         cont = self._lookup(context)
         if not cont.tokens:
-            return Proposal(seconds=time.perf_counter() - t0)
-        return Proposal(list(cont.tokens[:max_tokens]), self._support(cont), seconds=time.perf_counter() - t0)
+            return Proposal()
+        return Proposal(list(cont.tokens[:max_tokens]), self._support(cont))
 
     def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
         # A lookup reads only the context's end, which a shift keeps; forget the remembered one,

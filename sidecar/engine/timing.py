@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
 
 from sidecar.engine.llama import Context
 from sidecar.engine.seqview import SeqView
@@ -83,21 +82,15 @@ def prior_curve(n: int) -> float:
 PRIOR_CATCHUP = 0.3
 """A prefilled token's cost in one-token steps, before it is measured (SmolLM2 on 2 cores: ~0.25)."""
 
-SAME_SHAPE = 0.8
-"""A same-shape decode counts as cheaper (CostModel.t_same) only below this share of t_step: less is
-cache effects and timing noise, which must not make a CPU pad its drafts."""
-
-
 class Calibration:
     """CostModel's measurement at load: its verify curve (`calibrate`) and its draft's prices
     (`calibrate_draft`), timed on real decodes. The prices themselves, and how rounds correct
-    them, are CostModel's (engine.adaptive)."""
+    them, are CostModel's (engine.cost)."""
 
     t_step: list[float]
     t_draft: float
     t_catchup: float
     t_switch: float
-    t_same: list[float]
     provisional: bool
     calibration_seconds: float
 
@@ -139,7 +132,7 @@ class Calibration:
         # that runs out leaves fewer sizes, each measured as well as the rest (the minimum of its
         # samples), and the sizes between are interpolated; one sample of every size would be
         # noise. The two alternate, so no decode follows one of its own shape (which a GPU replays
-        # cheaper: t_same, below).
+        # cheaper).
         order = spread(n_rows)
         for i in range(0, len(order), 2):
             if time.perf_counter() > deadline and i >= 2:
@@ -175,15 +168,6 @@ class Calibration:
         for n in range(2, n_rows + 1):
             best[n] = max(best[n], best[n - 1])
         self.t_step = [0.0, *best[1:]]
-        # A batch of the previous decode's shape: two rows tell whether this hardware replays it
-        # faster (CUDA graphs: 1.38 ms against 3.40 on an H200); only then is every size timed so.
-        self.t_same = []
-        left = deadline - time.perf_counter()
-        if n_rows >= 2 and left > 0 and self._time_same(ctx, base, [2], reps)[2] < SAME_SHAPE * best[2]:
-            same = self._time_same(ctx, base, range(2, n_rows + 1), reps)
-            self.t_same = [0.0, best[1]]
-            for n in range(2, n_rows + 1):
-                self.t_same.append(max(self.t_same[-1], same[n] if same[n] < SAME_SHAPE * best[n] else best[n]))
         ctx.clear()
         self.set_provisional(disturbed)
         self.calibration_seconds = time.perf_counter() - t_start
@@ -191,20 +175,8 @@ class Calibration:
     def _prior(self, t1: float, n_rows: int) -> None:
         """The prior curve scaled to a one-token step of t1 seconds, provisional."""
         self.t_step = [0.0, *(t1 * prior_curve(n) for n in range(1, n_rows + 1))]
-        self.t_switch, self.t_same = 0.0, []
+        self.t_switch = 0.0
         self.set_provisional(True)
-
-    @classmethod
-    def _time_same(cls, ctx: Context | SeqView, base: int, sizes: Sequence[int], reps: int) -> dict[int, float]:
-        """The fastest of `reps` decodes of n rows right after one of n rows, per size."""
-        best = dict.fromkeys(sizes, float("inf"))
-        for _ in range(reps):
-            for n in sizes:
-                ctx.truncate(base)
-                ctx.decode([0] * n)
-                ctx.truncate(base)
-                best[n] = min(best[n], cls._time_decode(ctx, n))
-        return best
 
     @classmethod
     def _probe_steps(cls, ctx: Context | SeqView, t_start: float, deadline: float,

@@ -50,7 +50,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig, expected_tokens, round_seconds
+from sidecar.engine.adaptive import SpeculativeConfig, expected_tokens, round_seconds
+from sidecar.engine.cost import CostModel
 from sidecar.engine.decoder import Decoder, Request, Result
 from sidecar.engine.drafters import ModelDrafter
 from sidecar.engine.llama import Context, ContextParams, Weights, backend_id, default_threads

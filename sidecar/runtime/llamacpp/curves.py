@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sidecar.engine.adaptive import CostModel
+from sidecar.engine.cost import CostModel
 from sidecar.engine.llama import Context, backend_id, default_threads
 from sidecar.engine.seqview import SeqView
 from sidecar.models.cache import FileCache
@@ -46,11 +46,10 @@ class CurveCache:
             return None
         cost = CostModel(rows)
         cost.t_step, cost.t_switch = t_step, t_switch
-        cost.t_same = [float(x) for x in value.get("t_same") or []]
         return cost
 
     def put_target(self, key: dict[str, Any], cost: CostModel) -> None:
-        self._cache.put(key, {"t_step": cost.t_step, "t_switch": cost.t_switch, "t_same": cost.t_same})
+        self._cache.put(key, {"t_step": cost.t_step, "t_switch": cost.t_switch})
 
     def draft(self, key: dict[str, Any]) -> tuple[float, float] | None:
         value = self._cache.get(key)

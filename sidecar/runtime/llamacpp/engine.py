@@ -86,7 +86,8 @@ class LlamaEngine:
                 return cancelled() or stop()
 
             ctx = lm.ctx
-            return Sequence(lm.weights, ctx.n_ctx, ctx.n_batch, req, pe.drafters[sid], pe.config, pe.cost, halted)
+            return Sequence(lm.weights, ctx.n_ctx, ctx.n_batch, req, pe.drafters[sid], pe.config, pe.cost, halted,
+                            pe.evidence)
 
         # Close the inner stream explicitly: an abandoned async generator is only finalised by the
         # garbage collector, and until then its sequence keeps its place in the batch.

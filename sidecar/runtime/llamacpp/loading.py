@@ -19,8 +19,10 @@ from pathlib import Path
 
 from sidecar.config.entries import PairEntry
 from sidecar.config.schema import ModelDraft
-from sidecar.engine.adaptive import CostModel, SpeculativeConfig
+from sidecar.engine.adaptive import SpeculativeConfig
+from sidecar.engine.cost import CostModel
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
+from sidecar.engine.evidence import Evidence
 from sidecar.engine.hybrid import HybridDrafter
 from sidecar.engine.kernels import build_warnings
 from sidecar.engine.llama import Context, ContextParams, Weights, default_threads, gpu_offload_supported, system_info
@@ -49,6 +51,7 @@ class PairEngine:
     drafters: list[HybridDrafter | None]  # drafters[i] drafts for the sequence on stream i
     config: SpeculativeConfig
     cost: CostModel
+    evidence: Evidence  # acceptance per (source, class), learnt by all its requests (engine.evidence)
     draft_ctx: Context | None  # a model draft's context: stream i is drafters[i]'s
     draft_weights: Weights | None
     entry: PairEntry | None = None  # the declaration it was built from; a reload compares against it
@@ -186,7 +189,8 @@ async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded, cac
             if draft_ctx is not None:
                 draft_ctx.close()
             raise
-        return PairEngine(drafters, spec, cost, draft_ctx, draft_w, entry)
+        evidence = Evidence(spec.acceptance_prior, spec.prior_weight)
+        return PairEngine(drafters, spec, cost, evidence, draft_ctx, draft_w, entry)
 
     try:
         return await asyncio.wrap_future(lm.batcher.call(build))
@@ -276,7 +280,6 @@ def _measure(lm: Loaded, ctx: Context | SeqView, spec: SpeculativeConfig, draft_
                  cal.t_switch / cal.t_step[1], lm.curve, cal.calibration_seconds)
     cost = CostModel(rows)
     cost.t_step = lm.calibrated.t_step[: rows + 1]
-    cost.t_same = lm.calibrated.t_same[: rows + 1]
     cost.t_switch = lm.calibrated.t_switch
     cost.set_provisional(lm.calibrated.provisional)
     if draft_ctx is not None:
@@ -290,7 +293,7 @@ def _measure(lm: Loaded, ctx: Context | SeqView, spec: SpeculativeConfig, draft_
         if quiet:
             ServedCosts().put_draft(draft_ctx.weights.path, cost.t_draft,
                                     draft_ctx.params.n_threads or default_threads())
-    cost.anchor()
+    cost.seed()
     return cost
 
 
