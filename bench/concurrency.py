@@ -209,7 +209,6 @@ class Config:
     parallel: int | None = None  # OLLAMA_NUM_PARALLEL / -np whatever N is (None: N)
     reader: Literal["raw", "httpx"] = "raw"  # how the batches are read (module docstring, Client)
     serial: bool = False  # the batch's streams one after another (NAME@serial)
-    steplog: bool = False  # daemon: started through bench/steplog.py, its shared steps logged beside its log
 
     @property
     def server(self) -> str:
@@ -348,8 +347,6 @@ def daemon(cfg: Config, parallel: int, threads: int, tag: str) -> Iterator[Serve
         env = {**os.environ, "OLLAMA_NUM_PARALLEL": str(parallel), "OLLAMA_HOST": f"127.0.0.1:{port}",
                "PYTHONPATH": str(cfg.root)}  # fmt: skip
         cmd = [sys.executable, "-m", "sidecar.cli", "serve", "--config", str(conf), "--port", str(port)]
-        if cfg.steplog:
-            cmd[1:3] = [str(HERE / "steplog.py"), str(LOGS / "steps" / f"{cfg.name}-{tag}")]
         log.write((f"cwd={cfg.root} OLLAMA_NUM_PARALLEL={parallel} " + " ".join(cmd) + "\n").encode())
         log.write(conf.read_bytes())
         log.flush()
@@ -1092,8 +1089,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument("--cut", type=int, default=None,
                     help="SmolLM2 cut to this many layers as the target (2: a GPU-shaped step)")
-    ap.add_argument("--steplog", action="store_true",
-                    help="log every daemon's shared steps beside its log (bench/steplog.py, replay_prices.py)")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind, so the servers are stopped
 
@@ -1106,7 +1101,7 @@ def main(argv: list[str] | None = None) -> int:
     old_root = (old_worktree(args.old_rev, Path(f"{OLD_TREE}-{args.old_rev}"))
                 if any(n.startswith("old") for n in names) else None)
     target = cut_smollm2(args.cut) if args.cut else None
-    configs = [replace(c, steplog=args.steplog) for c in make_configs(names, old_root, target)]
+    configs = make_configs(names, old_root, target)
     for root in {c.root for c in configs if c.kind == "daemon"}:
         _check_import_root(root)
     binary = ls.build() if any(c.kind == "llama-server" for c in configs) else None

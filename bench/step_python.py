@@ -1,7 +1,7 @@
 """The step loop's own Python per step (around `llama_decode`), this tree against an older revision.
 
 The daemon's step at N streams is one `llama_decode` plus the Python that prices, checks and books
-every sequence's round (engine.step, engine.schedule; before it engine.planner, engine.fair). On 2 CPU cores that Python is a
+every sequence's round (engine.step, engine.schedule; before it engine.planner). On 2 CPU cores that Python is a
 few percent of a step, which two daemons cannot resolve; on a GPU a step of a 7-8B model costs
 5-9 ms and the host's part is what decides the pace (issue #54). So this runs the engine
 in-process on identical work: N greedy streams of `--tokens` tokens on bench/concurrency.py's

@@ -39,7 +39,7 @@ def test_the_fit_recovers_what_drafts_cost_the_host() -> None:
     p = h.price
     assert p.drafting == pytest.approx(0.0003, rel=0.05)
     assert p.row == pytest.approx(0.00005, rel=0.05)
-    assert p.draft(4) == pytest.approx(0.0005, rel=0.05) and p.draft(0) == 0.0
+    assert p.drafting + 4 * p.row == pytest.approx(0.0005, rel=0.05)
 
 
 @pytest.mark.daemon

@@ -5,8 +5,8 @@ A drafter has a name, says whether drafting costs a model pass (`has_cost`), and
 * `begin(sampler)` starts a request (its sampling settings, a fresh history);
 * `propose(context, max_tokens, grammar)` gets every committed token (prompt, output, and the
   pending token the target has not scored yet) and returns up to `max_tokens` guesses together with
-  their `Support`, the class the planner prices them by. `max_tokens = 0` drafts nothing and costs
-  nothing: it is how the planner learns a source's class (and a model's catch-up `lag`) before it
+  their `Support`, the class the schedule prices them by. `max_tokens = 0` drafts nothing and costs
+  nothing: it is how a sequence learns a source's class (and a model's catch-up `lag`) before it
   decides whether drafting pays;
 * `shift(context, keep, discard)`: within a request the context only grows, except at a context
   shift (engine.window), when the committed context is about to lose a stretch.
@@ -19,7 +19,7 @@ verifier's masked p rejects whatever the grammar forbids. A drafter that learns 
 (suffix.SuffixDrafter) is also a `Learner`: at the end of a generation it is handed the request's
 prompt and output.
 
-Support classes are small integers that mean something only within their source: the planner keys
+Support classes are small integers that mean something only within their source: the evidence keys
 its evidence by (source name, class), rounds.Key, so two sources' classes never mix.
 """
 
@@ -44,7 +44,7 @@ class Support:
 
     Acceptance is not one number per request: an n-gram draft that continues a 20-token verbatim
     match (copying a line of the prompt) is almost always right, one that continues a 2-token match
-    rarely is. A source's drafts of the same class `cls` are expected to fare alike, so the planner
+    rarely is. A source's drafts of the same class `cls` are expected to fare alike, so engine.evidence
     keeps acceptance evidence per (source, class); `prior` is the acceptance to assume for a class
     with no evidence yet.
 
@@ -56,12 +56,12 @@ class Support:
     `under` names the classes of the same source this one is no worse than. The suffix cache's
     classes (suffix.SuffixDrafter) climb an agreement level each time a repeated answer is learnt
     again, so a request would meet a class with only its static prior though the level below held
-    for hundreds of tokens; the planner starts it from the best of theirs instead. The n-gram
+    for hundreds of tokens; the evidence starts it from the best of theirs instead. The n-gram
     drafter's classes name none: measured on the padded pair, starting its longer match classes
     from the shorter ones' evidence drafted long copies of the article that broke, and the hybrid
     on summarise fell from 1.04 to 0.95 of n-gram alone (paired medians of 4, one process)."""
 
-    cls: int = 0  # the class within its source (the planner keys evidence by source and class)
+    cls: int = 0  # the class within its source (the evidence keys evidence by source and class)
     prior: float | None = None  # None: the pair's acceptance_prior
     ready: bool = True  # False: the drafter has nothing to propose here
     along: Callable[[int], Support] | None = field(default=None, compare=False)
@@ -121,7 +121,7 @@ def match_class(match: int, cap: int) -> tuple[int, float]:
 def match_support(match: int, cap: int) -> Support:
     """The support of a draft continuing a verbatim match: its token j continues one j tokens longer.
 
-    Cached: the planner prices up to 64 tokens along each draft, every step, for every sequence."""
+    Cached: a menu prices up to 64 tokens along each draft, every step, for every sequence."""
     c, prior = match_class(match, cap)
     return Support(cls=c, prior=prior, along=lambda j: match_support(match + j, cap))
 
@@ -172,7 +172,7 @@ class NgramDrafter:
         """(match length, where its continuation starts); length 0 when nothing matches."""
         n_ctx = len(context)
         # Within a request (begin() starts one) the context only grows, so its length and last token
-        # identify it; the planner's look (max_tokens 0) and the draft of one round share a lookup.
+        # identify it; a menu's look (max_tokens 0) and the draft of one round share a lookup.
         if self._found[:2] == (n_ctx, context[-1] if n_ctx else -1):
             return self._found[2], self._found[3]
         if self._indexed > n_ctx:
@@ -226,7 +226,7 @@ class ModelDrafter:
         self._sampler = sampler
 
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Proposal:
-        if max_tokens <= 0:  # the planner's look: one class (how well a model drafts shows in its acceptance)
+        if max_tokens <= 0:  # a menu's look: one class (how well a model drafts shows in its acceptance)
             return Proposal(support=Support(), lag=len(context) - 1 - self._reusable(context))
         return propose_together([(self, context, max_tokens, grammar)])[0][0]
 

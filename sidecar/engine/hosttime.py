@@ -1,7 +1,7 @@
 """The host's share of a step: what the step loop does that is not llama_decode, timed and priced.
 
 A step is the device's work (llama_decode and waiting for its logits: device_seconds) and the
-host's: the planner pricing rounds, the drafters proposing, the fairness check, verifying, emitting
+host's: the schedule pricing menus, the drafters proposing, verifying, emitting
 text. On 2 CPU cores a SmolLM2 step costs ~15 ms and the host a few percent of it; on a GPU (or on
 SmolLM2 cut to 2 layers, a step of ~2.7 ms) the host's part is as large as the device's, and a
 draft whose rows cost the device little can cost the host more than the tokens it saves
@@ -12,8 +12,8 @@ draft whose rows cost the device little can cost the host more than the tokens i
   the host's share of the recent steps' wall time (/api/ps, /sidecar/status);
 - a price of the host's work, fitted by least squares over the recent steps against what each
   step held: a fixed part, each decoding sequence, each token emitted, each sequence that
-  drafted and each drafted row (`HostPrice`). The planner adds what a draft adds to the host
-  (`HostPrice.draft`) to a round's seconds (engine.planner), so a draft is taken only where the
+  drafted and each drafted row (`HostPrice`). The schedule adds what a draft adds to the host
+  to a step's seconds (engine.schedule), so a draft is taken only where the
   tokens it saves are worth the device's and the host's time together.
 """
 
@@ -97,11 +97,6 @@ class HostPrice:
     token: float = 0.0
     drafting: float = 0.0
     row: float = 0.0
-
-    def draft(self, k: int) -> float:
-        """What a round drafting k tokens adds to the host's work over a plain round of the same
-        sequence (the tokens it emits cost the same host time whichever round emits them)."""
-        return self.drafting + self.row * k if k > 0 else 0.0
 
 
 class HostTime:

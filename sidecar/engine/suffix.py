@@ -429,7 +429,7 @@ class SuffixDrafter:
     def _lookup(self, context: Sequence[int]) -> Continuation:
         n_ctx = len(context)
         last = context[-1] if n_ctx else -1
-        # As in NgramDrafter: the context only grows within a request, so the planner's look and
+        # As in NgramDrafter: the context only grows within a request, so the schedule's look and
         # the draft of one round share a lookup (and see the same cache, whatever other threads add).
         if self._found[:2] != (n_ctx, last):
             self._found = (n_ctx, last, self.cache.lookup(context, self.max_draft, self.factor, self.min_prob))
@@ -451,7 +451,7 @@ class SuffixDrafter:
         return Support(cls=first.cls, prior=first.prior, along=along, under=first.under)
 
     @staticmethod
-    @functools.lru_cache(maxsize=4096)  # the planner prices up to 64 tokens along each draft, every step
+    @functools.lru_cache(maxsize=4096)  # the schedule prices up to 64 tokens along each draft, every step
     def classify(match: int, occurrences: int, agreeing: int) -> Support:
         """The support class of a continuation (see the class docstring)."""
         c = match_class(match, 64)[0]

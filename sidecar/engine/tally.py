@@ -1,4 +1,4 @@
-"""What a request's speculation did: the counters a decoder.Result reports (planner.Plan keeps them)."""
+"""What a request's speculation did: the counters a decoder.Result reports (its Sequence keeps them)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Tally:
-    """Drafted and accepted tokens, rounds, per position and per source; free_tokens feeds the
-    planner's catch-up rental (Plan.decide)."""
+    """Drafted and accepted tokens, rounds, per position and per source; free_tokens tells how
+    much of the output a model draft may still speed up (its catch-up's repayment, Sequence.menu)."""
 
     draft_tokens: int = 0
     accepted_tokens: int = 0

@@ -5,7 +5,7 @@
   vocabulary identity (`vocab_id`);
 - `catalog`: every model in the stores from its files alone, matched up by the rules;
 - `ranking`: the order the files' facts predict;
-- `probe`: agreement measured with the engine's Decoder, priced as the planner prices a round;
+- `probe`: agreement measured with the engine's Decoder, priced as the schedule prices a round;
 - `costs`: what serving measured, which prices a probe's agreement where it exists;
 - `suggest` and `auto`: `sidecar suggest`, `draft: auto` and `auto: true`.
 

@@ -24,14 +24,14 @@ machine, its own measurements (pairing.costs) price the agreement instead, the p
 included: the serving cost model overturns a verdict taken on stale timings.
 
 **Predicted speed-up**, the bound bench/bench_spec.py prints, for independent positions, priced as
-the planner prices a round (engine.adaptive.round_seconds):
+the engine prices a round (engine.adaptive.round_seconds):
 
     speed-up = max over k = 1..n_max of  E(a, k) * t_step(1) / round_seconds(k, t_draft, t_step(k + 1))
     E(a, k) = (1 - a^(k+1)) / (1 - a)          (tokens a round of k drafts emits)
 
 plain decoding costs t_step(1) a token. Not counted: sampling, and the draft's prefill of each
 prompt (once a request, amortised over its output). A draft pays when the bound reaches MIN_GAIN,
-the gain the planner itself needs before it starts drafting.
+the gain the schedule itself needs before it starts drafting.
 
 Results are cached (`ProbeCache`) per target file, draft file, llama.cpp build and backend (its
 system info), threads, GPU layers and probe settings, so `sidecar suggest --probe` and `draft:

@@ -190,7 +190,7 @@ class ModelStatus:
     tokens: int = 0  # tokens its sequences emitted so far, counted as they come (sidecar top's tok/s)
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of prefilled
     withdrawn: int = 0  # drafts its shared steps took back, as another stream could not afford them
-    together: int = 0  # model drafts made in its steps' joint rounds (engine.together)
+    together: int = 0  # model drafts made in one batch with another sequence's (drafters.propose_together)
     waiting_interactive: int = 0  # streamed requests waiting for a free sequence (runtime.admission)
     waiting_background: int = 0  # ... and the non-streamed ones, which they go before
     # Its steps' wall seconds and the host's part of them (all but llama_decode and waiting for

@@ -1,11 +1,11 @@
 """The measured costs of a model on this machine, kept between loads.
 
-The planner needs what verifying n rows costs here (the target's verify curve) and what a draft
+The schedule needs what verifying n rows costs here (the target's verify curve) and what a draft
 step and a catch-up token cost (the draft's timing). Measuring them takes seconds on a quiet CPU
 and minutes on a busy one, and the numbers only depend on the model file, the build, the threads
 and the batch and cache settings, so a load measures them once and later loads read them back
 (keyed by all of those, with num_ctx in power-of-two buckets). A measurement that looked disturbed
-is provisional: it is used, the planner's online estimates replace it, and it is never cached.
+is provisional: it is used, the cost model's fit replaces it, and it is never cached.
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ async def load_pair(registry: WeightsRegistry, entry: PairEntry, lm: Loaded, cac
     """Build the pair's drafters for every stream (on the batcher's thread) and measure the cost curve.
 
     The sources: the n-gram drafter, the cross-request suffix cache beside it, and a draft model;
-    with more than one, each round drafts from the one the planner expects most of (engine.hybrid)."""
+    with more than one, each round drafts from the one the schedule expects most of (engine.hybrid)."""
     ngram, d = entry.ngram, entry.model_draft
     spec = entry.config.speculative.engine(ngram=ngram is not None)
     draft_w: Weights | None = None
