@@ -44,8 +44,8 @@ def test_the_fit_recovers_what_drafts_cost_the_host() -> None:
 
 @pytest.mark.daemon
 def test_a_daemon_exports_its_steps_and_the_host_share(tmp_path: Path, tiny: Path) -> None:
-    """After one request: both histograms have samples under the pair's name, and /api/ps and
-    /sidecar/status give the host's share."""
+    """After one request: both histograms have samples under the pair's name, /api/ps and
+    /sidecar/status give the host's share, and /sidecar/status what the cost model believes."""
     cfg = write_config(tmp_path / "pairs.yaml", f"""
 pairs:
   tiny:test:
@@ -71,5 +71,9 @@ pairs:
         assert 0.0 < share <= 1.0
         status = httpx.get(d.url + "/sidecar/status", timeout=T).json()["models"]
         assert 0.0 < status[0]["host_share"] <= 1.0
+        cost = status[0]["cost"]
+        assert set(cost) == {"host", "tiny:test"}
+        assert set(cost["tiny:test"]["device"]) == {"passes", "rows", "prefill", "attention", "changed"}
+        assert cost["tiny:test"]["device"]["passes"] + cost["tiny:test"]["device"]["rows"] > 0
     finally:
         d.stop()

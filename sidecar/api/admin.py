@@ -74,11 +74,13 @@ def models(rt: Runtime) -> list[dict[str, Any]]:
             "busy": s.busy,  # sequences in its batch now
             "rows_per_step": round(s.rows / s.steps, 2) if s.steps else 0.0,
             "cached_tokens": s.cached_tokens,  # prompt tokens the prefix cache saved
-            "withdrawn_drafts": s.withdrawn,  # drafts a shared step took back (README, Concurrency)
-            "joint_drafts": s.together,  # model drafts made in joint rounds (README, Concurrency)
+            "withdrawn_drafts": s.withdrawn,  # rounds the schedule ran plain though a draft was ready
+            "joint_drafts": s.together,  # model drafts made in one batch with another sequence's
             "cost_curve": s.cost_curve,  # cached, measured, or provisional (disturbed: online estimates take over)
             "expires_in": round(s.expires_at - time.time(), 1) if s.expires_at is not None else None,
         })
         if s.host_share is not None:  # the step loop's own time, of its recent steps' (engine.hosttime)
             out[-1]["host_share"] = round(s.host_share, 3)
+        if s.cost is not None:  # what the cost model believes: docs/design/scheduler.md
+            out[-1]["cost"] = s.cost
     return out

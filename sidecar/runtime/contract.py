@@ -189,7 +189,7 @@ class ModelStatus:
     rows: int = 0  # rows those decodes held (rows / steps: the batch's mean width)
     tokens: int = 0  # tokens its sequences emitted so far, counted as they come (sidecar top's tok/s)
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of prefilled
-    withdrawn: int = 0  # drafts its shared steps took back, as another stream could not afford them
+    withdrawn: int = 0  # rounds its schedule ran plain though a draft was ready (engine.schedule)
     together: int = 0  # model drafts made in one batch with another sequence's (drafters.propose_together)
     waiting_interactive: int = 0  # streamed requests waiting for a free sequence (runtime.admission)
     waiting_background: int = 0  # ... and the non-streamed ones, which they go before
@@ -199,6 +199,10 @@ class ModelStatus:
     step_seconds: tuple[tuple[float, ...], tuple[int, ...], float] | None = None
     host_seconds: tuple[tuple[float, ...], tuple[int, ...], float] | None = None
     host_share: float | None = None  # the host's share of the recent steps' wall time
+    # What each pair's cost model believes (engine.cost.CostModel.beliefs: the device's and the
+    # draft model's fitted weights, in seconds), and the host's fitted price; None where the
+    # engine prices nothing (vLLM).
+    cost: dict[str, Any] | None = None
 
 
 class Model(Protocol):

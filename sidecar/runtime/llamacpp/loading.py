@@ -14,7 +14,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from sidecar.config.entries import PairEntry
@@ -104,7 +104,9 @@ class Loaded:
                            withdrawn=stats.withdrawn, together=stats.together,
                            waiting_interactive=interactive, waiting_background=background,
                            step_seconds=loop.host.step.cumulative(), host_seconds=loop.host.host.cumulative(),
-                           host_share=loop.host.share)
+                           host_share=loop.host.share,
+                           cost={"host": asdict(loop.host.price),
+                                 **{name: pe.cost.beliefs() for name, pe in sorted(self.pairs.items())}})
 
 
 def vocabulary(weights: Weights) -> Vocabulary:
