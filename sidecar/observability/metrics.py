@@ -94,7 +94,7 @@ class _Bounded:
 
 
 def fallback_kind(reason: str) -> str:
-    """'slower than target-only: 41.0 vs 52.3 tok/s ...' -> 'slower_than_target_only'.
+    """'draft does not pay: acceptance 0.12' -> 'draft_does_not_pay'.
 
     The engine's fallback strings carry numbers after the colon; only the kind before it is a
     label value, so the series count stays small."""
