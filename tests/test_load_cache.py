@@ -104,17 +104,14 @@ async def test_a_load_on_a_busy_machine_keeps_its_budget(tmp_path: Path, busy: N
 async def test_a_model_drafts_price_is_measured_at_load(tmp_path: Path) -> None:
     """The draft's step and catch-up are timed when the pair loads, before its first request: a
     planner that started from zero took the model's draft for free and prefilled a whole prompt
-    into it on the first round (the draft context, empty, once read as false). They are the
-    pair's quiet prices too: a disturbance's learnt later does not price the probe that corrects
-    them (CostModel.anchor)."""
+    into it on the first round (the draft context, empty, once read as false). They seed the
+    draft's fitted price (CostModel.seed), so the first schedule already charges for them."""
     entry = pair("drafted:a", draft=SMOLLM2_REF)
     rt = runtime(tmp_path / "curves")
     rt.set_entries({entry.name: entry})
     lm, _ = await rt.load(entry)
     cost = lm.pairs[entry.name].cost  # type: ignore[attr-defined]
-    assert cost.t_draft > 0 and cost.t_catchup > 0
-    quiet = cost.probe_seconds(8, 100)
-    cost.t_step[2:] = [t * 100 for t in cost.t_step[2:]]
-    cost.t_draft, cost.t_catchup = cost.t_draft * 100, cost.t_catchup * 100
-    assert cost.probe_seconds(8, 100) == pytest.approx(quiet)
+    assert cost.t_draft > 0 and cost.t_catchup > 0 and cost.seeded
+    assert cost.draft_seconds(1, 1) > 0
+    assert cost.draft_seconds(1, 1, catchup=100) > cost.draft_seconds(1, 1)
     await rt.unload_all()

@@ -26,6 +26,7 @@ import numpy as np
 from sidecar.engine.drafters import Support
 
 MEMORY = 0.98  # each observation of a class keeps this share of its older ones
+PRIOR_EDGE = 1e-3  # the nearest a prior mean may come to 0 or 1
 
 
 class Key(NamedTuple):
@@ -53,6 +54,9 @@ class Evidence:
     def _beta(self, source: str, s: Support) -> tuple[float, float]:
         prior = self._start(source, s)
         acc, rej = self.counts.get(Key(source, s.cls), (0.0, 0.0))
+        # A prior of exactly 0 or 1 (a class known never or always to hold) is not a Beta; keep
+        # both shapes positive so the posterior stays a distribution to draw from.
+        prior = min(max(prior, PRIOR_EDGE), 1.0 - PRIOR_EDGE)
         return acc + prior * self.weight, rej + (1.0 - prior) * self.weight
 
     def mean(self, source: str, s: Support) -> float:
