@@ -313,3 +313,13 @@ def test_starting_takes_the_margin_staying_on_does_not() -> None:
     # One drafted row at acceptance 0.12: 1.12 tokens for 1.02 of a step, a gain of ~1.10.
     assert not schedule(menus(o), model, HostPrice(), 0, SLACK, 1.2, 8).choices
     assert schedule(menus(o), model, HostPrice(), 0, SLACK, 1.0, 8).choices
+
+
+def test_model_drafts_with_menus_of_different_lengths() -> None:
+    """A stream near its window's end offers fewer lengths than the others: its model draft's
+    catch-up share is priced over every length the step considers (once a broadcast error)."""
+    model = cost(FLAT, t_draft=0.1, t_catchup=0.05)
+    short = Menu(0, [Option(0, copy(0.9, 3), model=True, lag=10, future=50)], room=3)
+    long = Menu(1, [Option(0, copy(0.9, 8), model=True, lag=10, future=50)], room=8)
+    plan = schedule([short, long], model, HostPrice(), 0, SLACK, 1.0, 16)
+    assert all(c.k <= (3 if sid == 0 else 8) for sid, c in plan.choices.items())
