@@ -173,7 +173,7 @@ def main() -> None:
     ns = [int(x) for x in args.n.split(",")]
     modes = args.modes.split(",")
     cells = [(m, mode, n) for m in models for mode in modes for n in ns]
-    got: dict[tuple[str, str, int, str], list[tuple[float, float]]] = {}
+    got: dict[tuple[str, str, int, str], list[tuple[float, float, float, int]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):
             for model, mode, n in cells:
@@ -184,15 +184,24 @@ def main() -> None:
                                     str(out)], env=env, cwd=roots[name], check=True)  # fmt: skip
                     rows = json.loads(out.read_text())
                     got.setdefault((model, mode, n, name), []).append(
-                        (statistics.median(o for _, o, _ in rows), sum(d for _, _, d in rows)))
+                        (statistics.median(o for _, o, _ in rows), sum(d for _, _, d in rows),
+                         sum(o for _, o, _ in rows) / (n * args.tokens), len(rows)))
                 print(f"rep {rep} {model} {mode} N={n}: " + ", ".join(
                     f"{name} {1e3 * got[(model, mode, n, name)][-1][0]:.3f} ms" for name in roots), flush=True)
     print(f"\n{args.tokens} tokens a stream, {args.reps} reps; old = {args.old_rev}; ms a step outside llama_decode")
-    print("| model | mode | N | new | old | new / old | decode s (new, old) |\n|---|---|---|---|---|---|---|")
+    # A step's host time grows with its rows (every drafted row is verified on the host), so where a
+    # revision drafts longer it makes fewer, heavier steps: the host's time per emitted token says
+    # which does less work for the same output.
+    print("| model | mode | N | new | old | new / old | host µs/token (new, old) | steps (new, old) "
+          "| decode s (new, old) |\n|---|---|---|---|---|---|---|---|---|")
     for model, mode, n in cells:
-        med = {c: statistics.median(o for o, _ in got[(model, mode, n, c)]) * 1e3 for c in roots}
-        dec = [statistics.median(d for _, d in got[(model, mode, n, c)]) for c in roots]
+        runs = {c: got[(model, mode, n, c)] for c in roots}
+        med = {c: statistics.median(r[0] for r in runs[c]) * 1e3 for c in roots}
+        per = [statistics.median(r[2] for r in runs[c]) * 1e6 for c in roots]
+        steps = [statistics.median(r[3] for r in runs[c]) for c in roots]
+        dec = [statistics.median(r[1] for r in runs[c]) for c in roots]
         print(f"| {model} | {mode} | {n} | {med['new']:.3f} | {med['old']:.3f} | {med['new'] / med['old']:.2f} | "
+              f"{', '.join(f'{p:.0f}' for p in per)} | {', '.join(f'{s:.0f}' for s in steps)} | "
               f"{', '.join(f'{d:.1f}' for d in dec)} |")  # fmt: skip
 
 
