@@ -17,6 +17,17 @@ tokens after the first, over the time from the first text to the last), the rati
 each side's time to first token against the cold one. Every repetition starts fresh daemons, so
 no repetition's suffix cache learns from another's.
 
+The edit turns prefill their answer (`--prefill`, on by default; `--no-prefill` to ask plainly):
+the request ends with an assistant message holding the answer's opening, "Here is the whole
+file:", a ```python fence and the file's first line, and the model continues it (a final
+assistant message is continued, as Ollama and Anthropic's API do; docs/agents.md). A capable
+agent model writes the file back unforced, and that copy is the n-gram and suffix drafts' best
+case; SmolLM2-135M, asked plainly, answers in some 50 tokens and never writes the file, so without
+the prefill the edit turns would not exercise the copying they are here to measure. The
+conversation carries on with the prefill and the answer as the assistant's message.
+`--prefill-lines` opens with more of the file's lines when the model strays from the copy. The
+JSON keeps each turn's answer (prefill included), so a run shows what the edit turns wrote.
+
     PYTHONPATH=. .venv/bin/python bench/agent_replay.py [--reps 2] [--out bench/out/agent_replay.json]
 """
 
@@ -236,6 +247,11 @@ TURNS: list[tuple[str, str, int]] = [
 ]
 
 
+def prefill(lines: int) -> str:
+    """The opening of an edit turn's answer: what a capable model writes before the file itself."""
+    return "Here is the whole file:\n\n```python\n" + "\n".join(SOURCE.splitlines()[:lines])
+
+
 def tool_call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"role": "assistant", "content": [{"type": "tool_use", "id": call_id, "name": name, "input": args}]}
 
@@ -290,7 +306,8 @@ def stream(url: str, messages: list[dict[str, Any]], max_tokens: int, system: st
             "input": usage.get("input_tokens", 0), "cached": usage.get("cache_read_input_tokens", 0)}
 
 
-def replay(urls: dict[str, str], rep: int, turns: int, cold_turns: int) -> list[dict[str, Any]]:
+def replay(urls: dict[str, str], rep: int, turns: int, cold_turns: int,
+           prefill_lines: int) -> list[dict[str, Any]]:
     history: list[dict[str, Any]] = [{"role": "user", "content": "Open utils.py, I want to work on it."},
                                      tool_call("toolu_read", "read_file", {"path": "utils.py"})]
     rows = []
@@ -301,23 +318,26 @@ def replay(urls: dict[str, str], rep: int, turns: int, cold_turns: int) -> list[
             history += [tool_call("toolu_tests", "run_tests", {}), tool_result("toolu_tests", TEST_OUTPUT, ask)]
         else:
             history.append({"role": "user", "content": ask})
+        opening = prefill(prefill_lines) if kind == "edit" and prefill_lines > 0 else ""
+        asked = [*history, {"role": "assistant", "content": opening}] if opening else history
         order = ["ngram", "plain"] if (i + rep) % 2 == 0 else ["plain", "ngram"]
-        got = {side: stream(urls[side], history, max_tokens, SYSTEM) for side in order}
+        got = {side: stream(urls[side], asked, max_tokens, SYSTEM) for side in order}
         for side in order:
             g = got[side]
             print(f"  {side}: {g['tokens']} tokens, {g['tok_s']:.1f} tok/s, TTFT {g['ttft']:.2f}s, "
                   f"prompt evaluated {g['input']} + cached {g['cached']}", flush=True)
-        cold = stream(urls["cold"], history, 1, f"[{uuid.uuid4().hex}] {SYSTEM}") if i < cold_turns else \
+        cold = stream(urls["cold"], asked, 1, f"[{uuid.uuid4().hex}] {SYSTEM}") if i < cold_turns else \
             {"ttft": float("nan"), "input": got["plain"]["input"] + got["plain"]["cached"], "cached": 0}
         same = got["ngram"]["text"] == got["plain"]["text"]
         measured = {f"{s}_{k}": v for s in order for k, v in got[s].items() if k != "text"}
-        rows.append({"turn": i + 1, "kind": kind, "same_text": same, "cold_ttft": cold["ttft"],
-                     "prompt": cold["input"] + cold["cached"], **measured})
+        rows.append({"turn": i + 1, "kind": kind, "prefilled": bool(opening), "same_text": same,
+                     "cold_ttft": cold["ttft"], "prompt": cold["input"] + cold["cached"], **measured,
+                     "answer": opening + got["ngram"]["text"]})
         print(f"rep {rep} turn {i + 1} {kind:6} prompt {rows[-1]['prompt']:5} | ngram {got['ngram']['tok_s']:6.1f} "
               f"tok/s ttft {got['ngram']['ttft']:6.2f}s | plain {got['plain']['tok_s']:6.1f} tok/s ttft "
               f"{got['plain']['ttft']:6.2f}s | cold ttft {cold['ttft']:6.2f}s | out {got['ngram']['tokens']}"
               f"{'' if same else ' (texts differ)'}", flush=True)
-        history.append({"role": "assistant", "content": got["ngram"]["text"] or "(no answer)"})
+        history.append({"role": "assistant", "content": opening + got["ngram"]["text"] or "(no answer)"})
     return rows
 
 
@@ -328,6 +348,9 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=len(TURNS), help="replay only the first N turns")
     ap.add_argument("--cold-turns", type=int, default=len(TURNS),
                     help="measure the cold prefill on the first N turns only (each costs a whole prefill)")
+    ap.add_argument("--prefill", action=argparse.BooleanOptionalAction, default=True,
+                    help="edit turns end with the opening of their answer, which the model continues (docstring)")
+    ap.add_argument("--prefill-lines", type=int, default=1, help="how many of the file's lines the prefill holds")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "agent_replay.json")
     args = ap.parse_args()
     rows: list[dict[str, Any]] = []
@@ -341,7 +364,8 @@ def main() -> None:
                     cfg.write_text(config(draft, args.num_ctx))
                     daemons[side] = Daemon(cfg)
                 urls = {s: d.url for s, d in daemons.items()}
-                rows += [{"rep": rep, **r} for r in replay(urls, rep, args.turns, args.cold_turns)]
+                rows += [{"rep": rep, **r} for r in replay(urls, rep, args.turns, args.cold_turns,
+                                                           args.prefill_lines if args.prefill else 0)]
             finally:
                 for d in daemons.values():
                     d.stop()

@@ -11,7 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
+import llama_cpp
 import ollama
 import pytest
 import yaml
@@ -23,6 +25,7 @@ from sidecar.templates.chat import GoChatTemplate, JinjaChatTemplate
 from sidecar.templates.named import named
 from tests.conftest import SMOLLM2_REF, Daemon, write_config
 from tests.models import CHATML_TEMPLATE, write_tiny_llama
+from tests.test_smollm2 import direct_greedy
 
 pytestmark = pytest.mark.daemon
 
@@ -179,6 +182,29 @@ def test_the_bundled_pairs_parser_finds_tool_calls(reply: str, content: str, cal
     assert got_content == content
     assert [(c["function"]["name"], c["function"]["arguments"], c["function"]["index"]) for c in got_calls] == [
         ("search_web", args, i) for i, args in enumerate(calls)]
+
+
+def test_a_final_assistant_message_is_continued(served: Daemon, smollm2: Path) -> None:
+    """A chat that ends with an assistant message is continued (prefill), as Ollama's ChatML
+    templates continue it (`$last`): the prompt ends with the prefix, with no <|im_end|> and no new
+    assistant header, and the greedy answer, through /api/chat and /v1/messages, is llama.cpp's
+    greedy continuation of that prompt."""
+    prefix = "The capital of France is"
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    prefilled = [*question, {"role": "assistant", "content": prefix}]
+    rendered = render_only(served, BUNDLED_PAIR, prefilled)
+    assert rendered == render_only(served, BUNDLED_PAIR, question) + prefix
+    assert rendered.endswith("<|im_start|>assistant\n" + prefix)
+
+    llm = llama_cpp.Llama(str(smollm2), n_ctx=256, n_gpu_layers=0, verbose=False, vocab_only=True)
+    expected = llm.detokenize(direct_greedy(smollm2, llm.tokenize(rendered.encode(), special=True), 16)).decode()
+    reply = ollama.Client(host=served.url, timeout=T).chat(
+        model=BUNDLED_PAIR, messages=prefilled, options={"temperature": 0, "num_predict": 16})
+    assert reply.message.content == expected and expected.strip()  # the answer only, not the prefix
+    message = anthropic.Anthropic(base_url=served.url, api_key="unused", timeout=T, max_retries=0).messages.create(
+        model=BUNDLED_PAIR, max_tokens=16, messages=prefilled,  # type: ignore[arg-type]
+        extra_body={"temperature": 0})  # this SDK's create() takes no temperature argument
+    assert [b.text for b in message.content if b.type == "text"] == [expected]
 
 
 # -- a pair on the bare GGUF: Ollama's detected template -----------------------------------------
