@@ -8,8 +8,10 @@ prior (Support.prior, else the pair's acceptance_prior) with `prior_weight` pseu
 Each observation first discounts the class's old ones by MEMORY, so a class follows the text it
 sees now (about 10 observations' memory). A copy's tokens are not independent draws: a file written
 back holds for hundreds of tokens, and a longer memory (0.98, ~50 observations) carried that
-certainty into the next turn's free text, whose quoted lines match as long but break. Measured on
-bench/agent_replay.py (the turns after an edit): 0.76 and 0.78x plain at 0.98, 1.08 and 1.20x at 0.9.
+certainty into the next turn's free text, whose quoted lines match as long but break. On
+bench/agent_replay.py the turns after an edit ran at 0.76 and 0.78x plain at 0.98; at 0.9, 1.07 and
+1.20x in one run, 0.50 and 0.92x in another: shorter memory narrows the harm, it does not end it
+(a copy teaches every match class it grows through, and each must fail on its own).
 
 Every step each sequence prices its drafts at a *draw* from its classes' posteriors, not at their
 means (`Evidence.draw`). That is the whole of exploration: a class with little evidence draws
