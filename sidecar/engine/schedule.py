@@ -112,10 +112,9 @@ def schedule(menus: list[Menu], cost: CostModel, host: HostPrice, cells: int, sl
         extra = host.drafting + ks * host.row  # its rows' host work
         if o.model:
             # Its rows in the draft steps, and the catch-up's share this round makes of what is left.
-            made_k = np.ones(k_max + 1)  # the tokens a round of k is expected to make (k past top: top's)
-            made_k[1 : top + 1] = o.expected[1 : top + 1]
-            made_k[top + 1 :] = made_k[top]
-            share = np.minimum(1.0, made_k / max(o.future, 1.0))
+            # (A length past this menu's end is priced at its last: the gain there is -inf anyway.)
+            made = np.pad(o.expected[: top + 1], (0, k_max - top), mode="edge")
+            share = np.minimum(1.0, made / max(o.future, 1.0))
             extra = extra + ks * d[1] + d[2] * o.lag * share
             model[r], group[r] = True, o.group
         own[r] = extra + host.token * np.append(0.0, gain[r, 1:].clip(min=0))
