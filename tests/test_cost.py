@@ -100,15 +100,30 @@ def test_the_fit_recovers_a_layouts_price_from_the_decodes() -> None:
     assert fit.w == pytest.approx(truth, rel=0.02)
 
 
-def test_a_feature_the_decodes_do_not_vary_keeps_its_seed() -> None:
-    """Plain steps say nothing of a prompt row's price: it stays what the calibration said."""
+def test_a_feature_the_decodes_do_not_vary_keeps_its_seeds_share() -> None:
+    """Plain steps say nothing of a prompt row's price: it keeps the calibration's share of a
+    step, at the scale the decodes show (here half the calibrated price)."""
     model = cost(CPU)
     model.fixed = False
-    seeded = model.device.w[2]
+    seeded, half = model.device.w[2], 0.5 * model.step(Layout(1, 4, cells=300))
     for _ in range(64):
-        model.observe_step(Layout(1, 4, cells=300), 0.5 * model.step(Layout(1, 4, cells=300)))
-    assert model.device.w[2] == pytest.approx(seeded, rel=0.05)
+        model.observe_step(Layout(1, 4, cells=300), half)
+    assert model.device.w[2] == pytest.approx(0.5 * seeded, rel=0.05)
     assert model.step(Layout(1, 4, cells=300)) < 0.8 * cost(CPU).step(Layout(1, 4, cells=300))
+
+
+def test_a_faster_stretch_keeps_the_calibrations_split_of_a_step() -> None:
+    """Plain steps at a third of the calibrated price move passes, rows and depth together: the
+    fit scales the calibration's split, and does not take the difference off each alike (which
+    priced a row at ~0 and drafted long on a CPU)."""
+    model = cost(CPU)
+    model.fixed = False
+    seed = model.device.w.copy()
+    rng = np.random.default_rng(0)
+    for i in range(60):
+        model.observe_step(Layout(1, 1, cells=300 + 3 * i), 0.35 * (1 + 0.03 * rng.standard_normal()))
+    passes, rows = model.device.w[:2]
+    assert rows / passes == pytest.approx(seed[1] / seed[0], rel=0.25)
 
 
 def test_no_weight_is_negative() -> None:

@@ -13,11 +13,11 @@ A step's price is a function of its layout. Its features (`Layout.features`):
 
 The weights start from the load-time calibration (engine.timing: the one-stream verify curve
 t_step(n) gives a line of fixed + per-row cost, t_switch the graph's price) and are refitted by
-least squares over the RECENT decodes, pulled towards that start where the recent decodes do not
-tell a feature apart (a ridge: a plain decoding stretch says nothing about wide rows, so their
-price stays what the calibration said). A draft model's steps are a second fit of the same kind:
-a fixed cost per draft step, a cost per row it carries (sequences drafting together share its
-passes) and per token its catch-up prefills.
+least squares over the RECENT decodes, pulled towards that start, at the scale the decodes show,
+where they do not tell features apart (a ridge: a plain decoding stretch says nothing about wide
+rows, so their share of a step stays what the calibration said). A draft model's steps are a
+second fit of the same kind: a fixed cost per draft step, a cost per row it carries (sequences
+drafting together share its passes) and per token its catch-up prefills.
 
 This one model replaces what used to be separate learnt factors and their repairs: the curve's
 moving averages per size, the shared-stream and beside-others factors, the fade that unstuck one
@@ -84,11 +84,18 @@ class Fit:
         m = min(self._count, RECENT)
         x, y = self._x[:m], self._y[:m]
         a = x.T @ x
-        # Ridge towards the prior, scaled to each feature's own size in the data (so it binds only
-        # where the data hardly moves that feature) plus a floor that keeps an unseen feature at
-        # its prior. Where the fit would make a weight negative, that weight is held at 0.
+        # Ridge towards the prior's shape at the scale the decodes show: the least-squares factor
+        # between the prior's prices and the observed ones. Features the data cannot tell apart
+        # (a plain stretch moves passes, rows and depth together) then keep the calibration's
+        # split of a step that runs faster or slower than it did; a ridge towards the prior itself
+        # took the whole difference off each alike and priced a row at ~0 after a fast stretch.
+        # The ridge is scaled to each feature's own size in the data (so it binds only where the
+        # data hardly moves that feature), plus a floor that keeps an unseen feature at its start.
+        # Where the fit would make a weight negative, that weight is held at 0.
+        seeded = x @ self.prior
+        scale = float(seeded @ y / (seeded @ seeded)) if seeded.any() else 1.0
         ridge = RIDGE * np.diag(a) + 1e-12
-        b = x.T @ y + ridge * self.prior
+        b = x.T @ y + ridge * self.prior * scale
         a = a + np.diag(ridge)
         free = np.ones(len(self.names), dtype=bool)
         w = np.zeros(len(self.names))
