@@ -250,22 +250,17 @@ class Context:
     fresh prefix, or its output would depend on what earlier requests did to the cache."""
 
     def __init__(self, weights: Weights, params: ContextParams) -> None:
-        self.weights = weights
-        self.params = params
+        self.weights, self.params = weights, params
         n_seq = max(1, params.n_seq)
         cp = C.llama_context_default_params()
         cp.n_ctx = params.n_ctx * n_seq
-        cp.n_batch = params.n_batch
-        cp.n_ubatch = params.n_batch
+        cp.n_batch = cp.n_ubatch = params.n_batch
         cp.n_seq_max = n_seq
         cp.kv_unified = params.kv_unified  # off: a stream per sequence (engine.step, Losslessness)
         threads = params.n_threads or default_threads()
-        cp.n_threads = threads
-        cp.n_threads_batch = threads
+        cp.n_threads = cp.n_threads_batch = threads
         self.n_threads = threads
-        cp.flash_attn_type = (
-            C.LLAMA_FLASH_ATTN_TYPE_ENABLED if params.flash_attn else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        )
+        cp.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED if params.flash_attn else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         if params.type_k is not None:
             cp.type_k = params.type_k
         if params.type_v is not None:
@@ -287,6 +282,7 @@ class Context:
         self.n_batch = int(C.llama_n_batch(ctx))
         self.n_vocab = weights.n_vocab
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)
+        self._view_at, self._view = 0, np.empty((0, self.n_vocab), dtype=np.float32)  # `_logits`
         self._held = [_Held() for _ in range(n_seq)]
         # Whether positions can be moved in place (attention caches can; recurrent state cannot).
         self.can_shift = bool(C.llama_memory_can_shift(self.memory))
@@ -475,7 +471,12 @@ class Context:
 
     def _logits(self, rows: int, copy: bool = True) -> np.ndarray:
         ptr = on_device(C.llama_get_logits, self.ctx)  # waits for the device (a GPU's decode returns early)
-        view = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+        # The array over the buffer is made again only where llama.cpp moved it to grow it:
+        # np.ctypeslib.as_array took ~50 us a step after a decode (bench/step_python.py).
+        at = ctypes.addressof(ptr.contents) if ptr else 0
+        if at != self._view_at or rows > len(self._view):
+            self._view, self._view_at = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab)), at
+        view = self._view if rows == len(self._view) else self._view[:rows]
         return view.copy() if copy else view
 
     def _extend(self, seq: int, tokens: Sequence[int]) -> None:
