@@ -182,7 +182,7 @@ class StepLoop:
         decoding = [s for s in live if not self.running[s].prefilling]
         cells = max(len(target.held(s)) for s in live)  # a pass attends over its deepest stream
         cost = self.running[live[0]].cost
-        plan = self._schedule(decoding, cost, cells, drop)
+        plan = self._schedule(decoding, cost, cells, drop, priced=len(decoding) < len(live))
         asked: list[tuple[int, Rows | Ask]] = []
         for sid in [s for s in decoding if s in self.running]:
             try:
@@ -219,8 +219,9 @@ class StepLoop:
         return out + self._decode(parts, cost, cells, plan)
 
     def _schedule(self, decoding: list[int], cost: CostModel, cells: int,
-                  drop: Callable[[int, BaseException], None]) -> Plan:
-        """The step's plan (engine.schedule) from every decoding sequence's menu."""
+                  drop: Callable[[int, BaseException], None], priced: bool) -> Plan:
+        """The step's plan (engine.schedule) from every decoding sequence's menu; `priced`: a
+        prompt comes in beside, whose chunk is sized by the plan's seconds (`_chunk`)."""
         if not decoding:
             return Plan()
         config = self.running[decoding[0]].config
@@ -236,6 +237,11 @@ class StepLoop:
         if not config.adaptive:  # llama.cpp's rule: the first ready source, as long as it may
             return Plan({m.sid: Choice(m.options[0].source, len(m.options[0].expected) - 1)
                          for m in menus if m.options})
+        if not priced and not any(m.options for m in menus):
+            # Nothing to choose and nothing to price: the all-plain step, without the schedule's
+            # numpy (~60 us of a plain step's ~360 on the host at N = 1, bench/step_python.py).
+            self._drafted_last = False
+            return Plan()
         plain = tuple((sid, 1) for sid in decoding)
         need = 1.0 if self._drafted_last else config.min_gain
         plan = schedule(menus, cost, self.host.price, cells, 1.0 - config.fallback_margin, need, room,
