@@ -142,12 +142,14 @@ class HostTime:
         self._host += sign * host
         self._drafting += int(sign) if x[3] > 0 else 0
         xx, xy = self._xx, self._xy
-        for i, xi in enumerate(x):
-            if xi:
-                xy[i] += sign * xi * host
-                row = xx[i]
-                for j, xj in enumerate(x):
-                    row[j] += sign * xi * xj
+        # Only the nonzero features: a zero term adds nothing (the sums never hold -0.0), and a
+        # plain step's x is (1, n, tokens, 0, 0): 9 products instead of 25, twice a step.
+        nz = [(i, xi) for i, xi in enumerate(x) if xi]
+        for i, xi in nz:
+            xy[i] += sign * xi * host
+            row = xx[i]
+            for j, xj in nz:
+                row[j] += sign * xi * xj
 
     @property
     def share(self) -> float:

@@ -255,18 +255,34 @@ class StepLoop:
         """Decode every sequence's rows in one llama_decode, teach the cost model what it took,
         and hand each sequence its logits."""
         target, out = self.target, list[tuple[Sequence, list[Item] | BaseException]]()
-        batch = [(sid, list(rows.tokens), rows.read) for sid, rows in parts]  # (stream, tokens, rows read)
-        widths = tuple((sid, len(tokens)) for sid, tokens, _ in batch)
-        layout = self._layout(widths, parts, cells)
-        if all(rows.logits for _, rows in parts) and len(parts) > 1:
+        # One pass over the parts for everything the step books (a generator per sum cost a few
+        # us each right after a decode): the batch, its widths, its prompt rows, the cost models
+        # it teaches and what the host's price learns of it (`_held_step`).
+        batch, wide_rows, models = [], [], {}
+        prefill = reading = drafting = drafted = 0
+        for sid, rows in parts:
+            n = len(rows.tokens)
+            batch.append((sid, list(rows.tokens), rows.read))  # (stream, tokens, rows read)
+            wide_rows.append((sid, n))
+            cost_of = self.running[sid].cost
+            models[id(cost_of)] = cost_of
+            if not rows.logits:
+                prefill += n
+            else:
+                reading += 1
+                if n > 1:
+                    drafting, drafted = drafting + 1, drafted + n - 1
+        widths = tuple(wide_rows)
+        layout = self._layout(widths, prefill, cells)
+        if reading == len(parts) > 1:
             window = {sid: target.n_ctx - len(target.held(sid)) for sid, _ in parts}
             padded = pad_widths(widths, window, target.n_batch)
             wide = tuple(padded.items())
-            if wide != widths and cost.step(self._layout(wide, parts, cells)) < cost.step(layout):
+            if wide != widths and cost.step(self._layout(wide, prefill, cells)) < cost.step(layout):
                 # The pending token again, never read (logits are still asked of every row of a round).
                 batch = [(sid, tokens + [tokens[0]] * (padded[sid] - len(tokens)), padded[sid])
                          for sid, tokens, _ in batch]
-                widths, layout = wide, self._layout(wide, parts, cells)
+                widths, layout = wide, self._layout(wide, prefill, cells)
         t = time.perf_counter()
         try:
             logits = target.decode_many(batch, copy=False)  # each sequence reads its rows before the next decode
@@ -276,14 +292,14 @@ class StepLoop:
                 self._leave(sid)
             return out
         seconds = time.perf_counter() - t
-        for model in {id(m): m for m in (self.running[sid].cost for sid, _ in parts)}.values():
+        for model in models.values():
             model.observe_step(layout, seconds)
         self._widths = widths
         self.stats.steps += 1
-        self.stats.rows += sum(n for _, n in widths)
+        self.stats.rows += layout.rows + prefill
         # What each sequence's round saved against the all-plain step, by the schedule's prices:
         # /metrics' realised speed-up over target-only (Result.saved_seconds).
-        n = max(1, sum(1 for _, rows in parts if rows.logits))
+        n = max(1, reading)
         per_plain, per_step = plan.plain / n, plan.seconds / n
         ended: list[int] = []
         emitted = 0
@@ -309,15 +325,15 @@ class StepLoop:
         self.stats.tokens += emitted
         for sid in ended:
             self._leave(sid)
-        drafts = [len(rows.tokens) - 1 for _, rows in parts if rows.logits and len(rows.tokens) > 1]
-        self._held_step = (sum(1 for _, rows in parts if rows.logits), emitted, len(drafts), sum(drafts))
+        self._held_step = (reading, emitted, drafting, drafted)
         return out
 
-    def _layout(self, widths: tuple[tuple[int, int], ...], parts: list[tuple[int, Rows]], cells: int) -> Layout:
-        """The decode as the cost model sees it (engine.cost)."""
-        prefill = sum(len(rows.tokens) for _, rows in parts if not rows.logits)
-        return Layout(len(passes(widths)), sum(n for _, n in widths) - prefill, prefill, cells,
-                      changed=widths != self._widths)
+    def _layout(self, widths: tuple[tuple[int, int], ...], prefill: int, cells: int) -> Layout:
+        """The decode as the cost model sees it (engine.cost), `prefill` of its rows a prompt's."""
+        total = 0
+        for _, n in widths:
+            total += n
+        return Layout(len(passes(widths)), total - prefill, prefill, cells, changed=widths != self._widths)
 
     def _drafted(self, asked: list[tuple[int, Rows | Ask]], drop: Callable[[int, BaseException], None]
                  ) -> list[tuple[int, Rows]]:
