@@ -21,15 +21,16 @@ def passes(rows: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     and 2 are two passes of 1."""
     left = {s: n for s, n in rows if n > 0}
     out: list[tuple[int, int]] = []
+    # Index arithmetic and map rather than a list built per run and a generator: the step loop
+    # prices every decode's layout, right after llama_decode where each of those costs microseconds.
     while left:
         ids = sorted(left)
-        run = [ids[0]]
-        for s in ids[1:]:
-            if s != run[-1] + 1:
-                break
-            run.append(s)
-        m = min(left[s] for s in run)
-        out.append((m * len(run), len(run)))
+        width = 1
+        while width < len(ids) and ids[width] == ids[0] + width:
+            width += 1
+        run = ids[:width]
+        m = min(map(left.__getitem__, run))
+        out.append((m * width, width))
         for s in run:
             left[s] -= m
             if not left[s]:

@@ -85,6 +85,7 @@ class StepLoop:
         # the schedule adds to the device's.
         self.host = HostTime()
         self._widths: tuple[tuple[int, int], ...] = ()  # the last decode's rows per stream (Layout.changed)
+        self._passes: tuple[tuple[tuple[int, int], ...], int] = ((), 0)  # the last widths `_layout` split
         self._drafted_last = False  # whether the last step drafted (the schedule's hysteresis)
         self._held_step: tuple[int, int, int, int] | None = None  # what the last decode held (`step`)
 
@@ -254,7 +255,8 @@ class StepLoop:
                 ) -> list[tuple[Sequence, list[Item] | BaseException]]:
         """Decode every sequence's rows in one llama_decode, teach the cost model what it took,
         and hand each sequence its logits."""
-        target, out = self.target, list[tuple[Sequence, list[Item] | BaseException]]()
+        target = self.target
+        out: list[tuple[Sequence, list[Item] | BaseException]] = []  # not list[...](): it builds the types each step
         # One pass over the parts for everything the step books (a generator per sum cost a few
         # us each right after a decode): the batch, its widths, its prompt rows, the cost models
         # it teaches and what the host's price learns of it (`_held_step`).
@@ -333,7 +335,9 @@ class StepLoop:
         total = 0
         for _, n in widths:
             total += n
-        return Layout(len(passes(widths)), total - prefill, prefill, cells, changed=widths != self._widths)
+        if widths != self._passes[0]:  # a steady stretch decodes one layout over and over
+            self._passes = widths, len(passes(widths))
+        return Layout(self._passes[1], total - prefill, prefill, cells, changed=widths != self._widths)
 
     def _drafted(self, asked: list[tuple[int, Rows | Ask]], drop: Callable[[int, BaseException], None]
                  ) -> list[tuple[int, Rows]]:
