@@ -166,7 +166,12 @@ class StepLoop:
             out.append((self.running[sid], got))
             self._leave(sid)
 
-        live = []
+        # The running sequences in one pass (each comprehension or generator over them costs a few
+        # us a step on the host): those that go on, decoding or prefilling, and the deepest stream.
+        live: list[int] = []
+        decoding: list[int] = []
+        prompts: list[int] = []
+        cells = 0  # a pass attends over its deepest stream
         for sid in sorted(self.running):
             seq = self.running[sid]
             if skip(seq):
@@ -174,24 +179,28 @@ class StepLoop:
             try:
                 if seq.ready():
                     live.append(sid)
+                    (prompts if seq.prefilling else decoding).append(sid)
+                    cells = max(cells, len(target.held(sid)))
                 else:
                     drop(sid, seq.finish())
             except BaseException as e:  # this sequence's failure, not the step's
                 drop(sid, e)
         if not live:
             return out
-        decoding = [s for s in live if not self.running[s].prefilling]
-        cells = max(len(target.held(s)) for s in live)  # a pass attends over its deepest stream
         cost = self.running[live[0]].cost
-        plan = self._schedule(decoding, cost, cells, drop, priced=len(decoding) < len(live))
+        plan = self._schedule(decoding, cost, cells, drop, priced=bool(prompts))
         asked: list[tuple[int, Rows | Ask]] = []
-        for sid in [s for s in decoding if s in self.running]:
+        for sid in decoding:
+            if sid not in self.running:  # its menu failed (`_schedule`)
+                continue
             try:
                 asked.append((sid, self.running[sid].rows(plan.choices.get(sid, PLAIN))))
             except BaseException as e:
                 drop(sid, e)
-        used = len(asked) + sum(c.k for c in plan.choices.values())
-        for sid in [s for s in live if s not in decoding]:  # prompts, with what is left of n_batch
+        used = len(asked)
+        for choice in plan.choices.values():
+            used += choice.k
+        for sid in prompts:  # with what is left of n_batch
             room = target.n_batch - used
             if room < MIN_CHUNK and used:
                 break  # no room in this step: the prompts go on in the next
@@ -230,15 +239,17 @@ class StepLoop:
             return Plan()  # nothing priced yet (a decoder without a calibration): plain steps
         room = self.target.n_batch - len(decoding)  # drafted rows n_batch leaves beside the plain ones
         menus = []
+        offered = False
         for sid in decoding:
             try:
                 menus.append(Menu(sid, self.running[sid].menu(room), room))
+                offered = offered or bool(menus[-1].options)
             except BaseException as e:
                 drop(sid, e)
         if not config.adaptive:  # llama.cpp's rule: the first ready source, as long as it may
             return Plan({m.sid: Choice(m.options[0].source, len(m.options[0].expected) - 1)
                          for m in menus if m.options})
-        if not priced and not any(m.options for m in menus):
+        if not priced and not offered:
             # Nothing to choose and nothing to price: the all-plain step, without the schedule's
             # numpy (~60 us of a plain step's ~360 on the host at N = 1, bench/step_python.py).
             self._drafted_last = False
