@@ -124,32 +124,38 @@ class HostTime:
         self.host.observe(host)
         x = (1.0, float(seqs), float(tokens), float(drafting), float(rows))
         recent = self._recent
+        square = True
         if len(recent) < RECENT:
             recent.append((wall, host, x))
         else:
             old = recent[self._at]
             recent[self._at] = (wall, host, x)
             self._at = (self._at + 1) % RECENT
-            self._book(old[0], old[1], old[2], -1.0)
-        self._book(wall, host, x, 1.0)
+            # x x^T's sums are of whole numbers, so exact: where the step that leaves the ring held
+            # what this one holds (a steady stretch), its products would come off and go on unchanged.
+            square = old[2] != x
+            self._book(old[0], old[1], old[2], -1.0, square)
+        self._book(wall, host, x, 1.0, square)
         self._since_fit += 1
         if self._since_fit >= FIT_EVERY:
             self._since_fit = 0
             self._fit()
 
-    def _book(self, wall: float, host: float, x: tuple[float, ...], sign: float) -> None:
+    def _book(self, wall: float, host: float, x: tuple[float, ...], sign: float, square: bool) -> None:
+        """Add (sign 1) or take off (-1) a step's terms of the fit's sums; x x^T's only where `square`."""
         self._wall += sign * wall
         self._host += sign * host
         self._drafting += int(sign) if x[3] > 0 else 0
         xx, xy = self._xx, self._xy
-        # Only the nonzero features: a zero term adds nothing (the sums never hold -0.0), and a
-        # plain step's x is (1, n, tokens, 0, 0): 9 products instead of 25, twice a step.
-        nz = [(i, xi) for i, xi in enumerate(x) if xi]
-        for i, xi in nz:
-            xy[i] += sign * xi * host
-            row = xx[i]
-            for j, xj in nz:
-                row[j] += sign * xi * xj
+        # Only the nonzero features: a zero term adds nothing (the sums never hold -0.0).
+        for i, xi in enumerate(x):
+            if xi:
+                xy[i] += sign * xi * host
+                if square:
+                    row = xx[i]
+                    for j, xj in enumerate(x):
+                        if xj:
+                            row[j] += sign * xi * xj
 
     @property
     def share(self) -> float:
