@@ -82,7 +82,9 @@ class Fit:
 
     def _solve(self) -> None:
         m = min(self._count, RECENT)
-        x, y = self._x[:m], self._y[:m]
+        # Relative errors: each decode weighs by its own price, so a prompt chunk's seconds (and
+        # their noise, 100 decodes' worth) do not outweigh the decodes the schedule prices.
+        x, y = self._x[:m] / self._y[:m, None], np.ones(m)
         a = x.T @ x
         # Ridge towards the prior's shape at the scale the decodes show: the least-squares factor
         # between the prior's prices and the observed ones. Features the data cannot tell apart
