@@ -329,10 +329,13 @@ def replay(urls: dict[str, str], rep: int, turns: int, cold_turns: int,
         cold = stream(urls["cold"], asked, 1, f"[{uuid.uuid4().hex}] {SYSTEM}") if i < cold_turns else \
             {"ttft": float("nan"), "input": got["plain"]["input"] + got["plain"]["cached"], "cached": 0}
         same = got["ngram"]["text"] == got["plain"]["text"]
+        # What the speculative daemon's cost model believes after the turn (a row's price decides
+        # how long it drafts): docs/design/scheduler.md.
+        beliefs = [m.get("cost") for m in httpx.get(urls["ngram"] + "/sidecar/status", timeout=T).json()["models"]]
         measured = {f"{s}_{k}": v for s in order for k, v in got[s].items() if k != "text"}
         rows.append({"turn": i + 1, "kind": kind, "prefilled": bool(opening), "same_text": same,
                      "cold_ttft": cold["ttft"], "prompt": cold["input"] + cold["cached"], **measured,
-                     "answer": opening + got["ngram"]["text"]})
+                     "answer": opening + got["ngram"]["text"], "cost": beliefs})
         print(f"rep {rep} turn {i + 1} {kind:6} prompt {rows[-1]['prompt']:5} | ngram {got['ngram']['tok_s']:6.1f} "
               f"tok/s ttft {got['ngram']['ttft']:6.2f}s | plain {got['plain']['tok_s']:6.1f} tok/s ttft "
               f"{got['plain']['ttft']:6.2f}s | cold ttft {cold['ttft']:6.2f}s | out {got['ngram']['tokens']}"
@@ -362,7 +365,9 @@ def main() -> None:
                     cfg = Path(tmp) / side / "pairs.yaml"
                     cfg.parent.mkdir()
                     cfg.write_text(config(draft, args.num_ctx))
-                    daemons[side] = Daemon(cfg)
+                    # A cold prefill of a later turn's history takes minutes on a CPU, past Ollama's
+                    # default keep_alive of 5 minutes: an unload would make the next turn cold too.
+                    daemons[side] = Daemon(cfg, env={"OLLAMA_KEEP_ALIVE": "-1"})
                 urls = {s: d.url for s, d in daemons.items()}
                 rows += [{"rep": rep, **r} for r in replay(urls, rep, args.turns, args.cold_turns,
                                                            args.prefill_lines if args.prefill else 0)]
