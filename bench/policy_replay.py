@@ -7,7 +7,7 @@ drafter, the suffix cache, the evidence and the schedule, with a step of r rows 
 1 + ROW x (r - 1) plain steps, and prints the modelled ratio to plain decoding per turn. It answers
 "is this loss the policy's, or the prices'?" in seconds: `--priced` sets the row price the
 schedule believes apart from the true one (`--row`). Measured with it (bench/results/
-2026-12-07-ridge-host.md): priced at 0.05 against 0.42 true, the free-text turns run at 0.67-0.78x,
+2026-12-07-fit.md): priced at 0.05 against 0.42 true, the free-text turns run at 0.67-0.78x,
 as the daemon did when its fit priced a row at ~0; priced right, at 0.99-1.09x.
 
 The prompt is the conversation's texts joined, not the pair's rendered template: the drafts look
@@ -91,6 +91,7 @@ def replay(session: list[tuple[str, list[int], list[int]]], row: float, priced: 
         sources: list[Drafter] = [NgramDrafter(), SuffixDrafter(cache)]
         drafter = HybridDrafter(sources)
         drafter.begin(None, None)  # type: ignore[arg-type]
+        belief = evidence.request()  # the request's view of the pair's evidence, as Sequence holds it
         pos, seconds, drafted_last = 0, 0.0, False
         while pos < len(out):
             context, k_cap = prompt + out[:pos], min(N_MAX, len(out) - pos - 1)
@@ -98,7 +99,7 @@ def replay(session: list[tuple[str, list[int], list[int]]], row: float, priced: 
             for i, src in enumerate(sources):
                 support = drafter.propose(i, context, 0, None).support
                 if support.ready and k_cap >= 1:
-                    acc = [evidence.draw(src.name, support if support.along is None else support.along(j))
+                    acc = [belief.draw(src.name, support if support.along is None else support.along(j))
                            for j in range(k_cap)]
                     options.append(Option(i, np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(acc))))))
             plan = schedule([Menu(0, tuple(options), k_cap)], cost, HostPrice(), len(context), 0.03,
@@ -110,7 +111,7 @@ def replay(session: list[tuple[str, list[int], list[int]]], row: float, priced: 
             proposal = drafter.propose(choice.source, context, choice.k, None)
             draft = proposal.tokens[: choice.k]
             m = common_prefix(draft, out[pos : pos + len(draft)])
-            evidence.observe(sources[choice.source].name, proposal.support, len(draft), m)
+            belief.observe(sources[choice.source].name, proposal.support, len(draft), m)
             pos, seconds, drafted_last = pos + m + 1, seconds + 1.0 + row * len(draft), True
         drafter.finish(prompt, out, "stop")
         ratios.append(len(out) / seconds)

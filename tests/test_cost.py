@@ -267,6 +267,29 @@ def test_a_class_seen_first_starts_from_what_the_class_under_it_has_shown() -> N
     assert ev.mean("suffix", high) > 0.9
 
 
+def test_a_copy_another_request_taught_is_doubted_after_two_failures_in_this_one() -> None:
+    """An edit turn copied a file back (class 4 held for 16 tokens, 20 times); the next turn's free
+    text breaks twice at that class. Pooled, the pair still believes it near-certain; the request
+    believes the pair's evidence as TRUST tokens, and its own two failures in full."""
+    pair = Evidence()
+    s = Support(cls=4, prior=0.89)
+    for _ in range(20):
+        pair.request().observe("ngram", s, 16, 16)
+    turn = pair.request()
+    for _ in range(2):
+        turn.observe("ngram", s, 8, 0)
+    assert pair.mean("ngram", s) > 0.95
+    assert np.median([turn.draw("ngram", s) for _ in range(2000)]) < 0.85
+
+
+def test_a_requests_own_copy_is_believed_in_full() -> None:
+    turn = Evidence(prior=0.5).request()
+    s = Support(cls=4)
+    for _ in range(10):
+        turn.observe("ngram", s, 16, 16)
+    assert np.percentile([turn.draw("ngram", s) for _ in range(2000)], 5) > 0.97
+
+
 def test_draws_are_reproducible() -> None:
     a, b = Evidence(seed=3), Evidence(seed=3)
     s = Support()

@@ -6,12 +6,16 @@ almost always right, one that continues a 2-token match rarely is. A source's dr
 of a pair's requests: a Beta posterior over the per-position acceptance, starting from the class's
 prior (Support.prior, else the pair's acceptance_prior) with `prior_weight` pseudo-observations.
 Each observation first discounts the class's old ones by MEMORY, so a class follows the text it
-sees now (about 10 observations' memory). A copy's tokens are not independent draws: a file written
-back holds for hundreds of tokens, and a longer memory (0.98, ~50 observations) carried that
-certainty into the next turn's free text, whose quoted lines match as long but break. On
-bench/agent_replay.py the turns after an edit ran at 0.76 and 0.78x plain at 0.98; at 0.9, 1.07 and
-1.20x in one run, 0.50 and 0.92x in another: shorter memory narrows the harm, it does not end it
-(a copy teaches every match class it grows through, and each must fail on its own).
+sees now (about 10 observations' memory).
+
+A request believes its pair's evidence only so far (`Belief`): as at most TRUST tokens of each
+class, beside its own observations in full. A copy's tokens are not independent draws: a file
+written back holds for hundreds of tokens, and pooled over requests that certainty carried into
+the next turn's free text, whose quoted lines match as long but break; each match class the copy
+grew through had to fail many times on its own before it was doubted, and on a CPU deep in a
+conversation, where a drafted row costs ~0.8 of a step, each failure of a long draft costs steps.
+On bench/agent_replay.py the turns after an edit ran at 0.50-0.94x plain pooled (bench/results/
+2026-12-07-fit.md has the runs with the request's own belief).
 
 Every step each sequence prices its drafts at a *draw* from its classes' posteriors, not at their
 means (`Evidence.draw`). That is the whole of exploration: a class with little evidence draws
@@ -32,6 +36,7 @@ from sidecar.engine.drafters import Support
 
 MEMORY = 0.9  # each observation of a class keeps this share of its older ones
 PRIOR_EDGE = 1e-3  # the nearest a prior mean may come to 0 or 1
+TRUST = 8.0  # a request believes the pair's evidence of a class as at most this many tokens' worth
 
 
 class Key(NamedTuple):
@@ -88,3 +93,43 @@ class Evidence:
             ev = self.counts.setdefault(Key(source, cls), [0.0, 0.0])
             ev[0] = ev[0] * MEMORY + a
             ev[1] = ev[1] * MEMORY + (1.0 if a < d else 0.0)  # the token that broke the draft
+
+    def request(self) -> Belief:
+        """A request's view of this evidence (Belief)."""
+        return Belief(self)
+
+
+class Belief:
+    """A request's evidence (module docstring): the pair's, believed as at most TRUST tokens of each
+    class, and its own in full, pooled over each source's classes: a request whose drafts broke
+    doubts every match length of that source at once, where per class each had to break on its
+    own (and on a CPU deep in a conversation each break of a long draft costs steps)."""
+
+    def __init__(self, pair: Evidence) -> None:
+        self.pair = pair
+        self.own = Evidence(pair.prior, pair.weight)
+
+    def _beta(self, source: str, s: Support) -> tuple[float, float]:
+        a, b = self.pair._beta(source, s)
+        if a + b > TRUST:
+            a, b = a * TRUST / (a + b), b * TRUST / (a + b)
+        own_a, own_b = self.own.counts.get(Key(source, POOLED.cls), (0.0, 0.0))
+        return a + own_a, b + own_b
+
+    def draw(self, source: str, s: Support) -> float:
+        """A sample of the class's acceptance from this request's posterior (Thompson sampling)."""
+        a, b = self._beta(source, s)
+        return float(self.pair._rng.beta(a, b))
+
+    def cap(self, source: str) -> int:
+        """The longest draft this request risks from a source: two tokens more than twice those
+        its drafts have had accepted here (slow start). The pair's evidence, however sure, is
+        another request's; until this request's own drafts hold, a break costs a few rows."""
+        return int(2 + 2 * self.own.counts.get(Key(source, POOLED.cls), (0.0, 0.0))[0])
+
+    def observe(self, source: str, s: Support, drafted: int, accepted: int) -> None:
+        self.pair.observe(source, s, drafted, accepted)
+        self.own.observe(source, POOLED, drafted, accepted)
+
+
+POOLED = Support(cls=-1)  # the class a request's own evidence keeps each source's drafts under

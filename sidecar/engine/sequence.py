@@ -178,8 +178,8 @@ class Sequence:
         if req.n_max is not None:
             config = SpeculativeConfig(**{**config.__dict__, "n_max": min(config.n_max, req.n_max)})
         self.config, self.cost = config, cost
-        # The pair's acceptance evidence (shared by its requests); a request of its own otherwise.
-        self.evidence = evidence or Evidence(config.acceptance_prior, config.prior_weight)
+        # This request's view of the pair's acceptance evidence (engine.evidence.Belief).
+        self.evidence = (evidence or Evidence(config.acceptance_prior, config.prior_weight)).request()
         self.cancelled = cancelled
         self.grammar = Grammar(weights, req.grammar) if req.grammar else None
         self.done: str | None = None
@@ -287,7 +287,7 @@ class Sequence:
             look = drafter.propose(i, self.tokens, 0, None)
             if not look.support.ready:
                 continue
-            expected = self._expected(src.name, look.support, k_cap)
+            expected = self._expected(src.name, look.support, min(k_cap, self.evidence.cap(src.name)))
             options.append(Option(i, expected, src.has_cost, look.lag, future, id(self.cost)))
         self._menu = options
         return tuple(options)
