@@ -287,7 +287,9 @@ class Sequence:
             look = drafter.propose(i, self.tokens, 0, None)
             if not look.support.ready:
                 continue
-            expected = self._expected(src.name, look.support, min(k_cap, self.evidence.cap(src.name)))
+            # Slow start (evidence.Belief.cap), but for llama.cpp's rule, which drafts all it may.
+            k = min(k_cap, self.evidence.cap(src.name)) if self.config.adaptive else k_cap
+            expected = self._expected(src.name, look.support, k)
             options.append(Option(i, expected, src.has_cost, look.lag, future, id(self.cost)))
         self._menu = options
         return tuple(options)
