@@ -113,8 +113,13 @@ class Belief:
         a, b = self.pair._beta(source, s)
         if a + b > TRUST:
             a, b = a * TRUST / (a + b), b * TRUST / (a + b)
-        own_a, own_b = self.own.counts.get(Key(source, POOLED.cls), (0.0, 0.0))
+        own_a, own_b = self._own(source)
         return a + own_a, b + own_b
+
+    def _own(self, source: str) -> tuple[float, float]:
+        """This request's accepted and rejected tokens of the source, over all its classes."""
+        acc, rej = self.own.counts.get(Key(source, POOLED.cls), (0.0, 0.0))
+        return acc, rej
 
     def draw(self, source: str, s: Support) -> float:
         """A sample of the class's acceptance from this request's posterior (Thompson sampling)."""
@@ -125,7 +130,7 @@ class Belief:
         """The longest draft this request risks from a source: two tokens more than twice those
         its drafts have had accepted here (slow start). The pair's evidence, however sure, is
         another request's; until this request's own drafts hold, a break costs a few rows."""
-        return int(2 + 2 * self.own.counts.get(Key(source, POOLED.cls), (0.0, 0.0))[0])
+        return int(2 + 2 * self._own(source)[0])
 
     def observe(self, source: str, s: Support, drafted: int, accepted: int) -> None:
         self.pair.observe(source, s, drafted, accepted)
