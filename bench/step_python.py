@@ -25,7 +25,13 @@ Per (model, mode, N) it prints the median over repetitions of the per-step media
 `llama_decode` (ms), new / old, and the decode seconds as a check that both did the same work.
 
     .venv/bin/python bench/step_python.py --old-rev 044a37f [--n 1,2,4,8] [--modes plain,ngram,suffix,model]
-        [--reps 2] [--tokens 128] [--models smollm2,gemma]
+        [--reps 2] [--tokens 128] [--models smollm2,gemma] [--overlap]
+
+`--overlap` runs this tree's loop as on a GPU (engine.step, StepLoop.overlap: the last step's
+text, stop strings, finished requests and their suffix-cache lessons are done between launching a
+decode and reading its logits) and prints "new waits", the host time per step that a GPU's decode
+would wait for. On this CPU the decode is synchronous, so nothing is hidden here: the column is
+the critical path, measured, not a speed-up measured.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ SHARED, BESIDE, DEPTH = 1.25, 1.3, 0.05  # factors as a daemon learns them at N 
 T_DRAFT = 0.004  # a model draft step's fixed price (s): a quarter of the target's step
 MODES = ("plain", "ngram", "suffix", "model")
 THREADS = int(os.environ.get("STEP_THREADS", "1"))  # llama.cpp threads of the decodes
+OVERLAP = os.environ.get("STEP_OVERLAP") == "1"  # this tree's loop as on a GPU (`--overlap`)
 
 
 def gemma_path() -> Path:
@@ -97,8 +104,8 @@ def child(n: int, mode: str, model: str, tokens: int, out: Path) -> None:
             self.shared, self.beside = SHARED, BESIDE
 
         CostModel.observe_shared = held  # type: ignore[attr-defined]
-    decoded = [0.0]
-    run = llama.Context._run
+    decoded, hidden = [0.0], [0.0]
+    run, decode_many = llama.Context._run, llama.Context.decode_many
 
     def timed(self: object, parts: object) -> None:
         t = time.perf_counter()
@@ -108,6 +115,20 @@ def child(n: int, mode: str, model: str, tokens: int, out: Path) -> None:
             decoded[0] += time.perf_counter() - t
 
     llama.Context._run = timed  # type: ignore[method-assign]
+
+    def overlapped(self: object, parts: object, copy: bool = True, meanwhile: object = None) -> object:
+        """The host work a step does between launching its decode and reading its logits
+        (StepLoop.overlap): on a GPU it runs while the device computes, so no step waits for it."""
+        def timed_meanwhile() -> None:
+            t = time.perf_counter()
+            try:
+                meanwhile()  # type: ignore[operator]
+            finally:
+                hidden[0] += time.perf_counter() - t
+        return decode_many(self, parts, copy, timed_meanwhile if meanwhile else None)  # type: ignore[arg-type]
+
+    if OVERLAP:
+        llama.Context.decode_many = overlapped  # type: ignore[method-assign]
     path = resolve(SMOLLM2).path if model == "smollm2" else gemma_path()
     weights = Weights(path)  # every layer on the GPU where llama.cpp was built for one
     # One thread: the host's time is what is measured, and two threads on a shared machine stall
@@ -115,7 +136,7 @@ def child(n: int, mode: str, model: str, tokens: int, out: Path) -> None:
     params = ContextParams(n_ctx=1024, n_batch=512, n_seq=n, n_threads=THREADS)
     ctx = Context(weights, params)
     draft_ctx = Context(weights, params) if mode == "model" else None
-    loop = StepLoop(ctx)
+    loop = StepLoop(ctx, overlap=True) if OVERLAP else StepLoop(ctx)
     cost = CostModel(65)
     cost.t_step = [0.0] + [T1 * (1 + ROW * (k - 1)) for k in range(1, 66)]
     cost.t_draft, cost.t_catchup = T_DRAFT, T_DRAFT / 4
@@ -147,10 +168,10 @@ def child(n: int, mode: str, model: str, tokens: int, out: Path) -> None:
             loop.add(req.prompt, lambda sid, req=req: Sequence(weights, ctx.n_ctx, ctx.n_batch, req, sources[sid],
                                                                config, cost, lambda: False))  # fmt: skip
         while loop.running:
-            decoded[0] = 0.0
+            decoded[0] = hidden[0] = 0.0
             t = time.perf_counter()
             loop.step()
-            steps.append((batch, time.perf_counter() - t - decoded[0], decoded[0]))
+            steps.append((batch, time.perf_counter() - t - decoded[0], decoded[0], hidden[0]))
     # The batch each mode is about: the warm one for the suffix cache, the cold one otherwise.
     want = "warm" if mode == "suffix" else "cold"
     out.write_text(json.dumps([s for s in steps if s[0] == want]))
@@ -164,6 +185,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--models", default="smollm2", help="of smollm2, gemma (Gemma-3-270M: a 262k vocabulary)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="run this tree's loop as on a GPU (StepLoop.overlap) and print what a step waits for")
     args = ap.parse_args()
     from concurrency import old_worktree
 
@@ -179,28 +202,36 @@ def main() -> None:
             for model, mode, n in cells:
                 for name in list(roots)[rep % 2:] + list(roots)[: rep % 2]:  # alternating which goes first
                     out = Path(tmp) / f"{name}-{rep}.json"
-                    env = {**os.environ, "PYTHONPATH": str(roots[name])}
+                    env = {**os.environ, "PYTHONPATH": str(roots[name]),
+                           "STEP_OVERLAP": "1" if args.overlap and name == "new" else "0"}
                     subprocess.run([sys.executable, __file__, "--child", str(n), mode, model, str(args.tokens),
                                     str(out)], env=env, cwd=roots[name], check=True)  # fmt: skip
                     rows = json.loads(out.read_text())
+                    # (batch, outside, decode[, hidden]): an older revision hides nothing.
                     got.setdefault((model, mode, n, name), []).append(
-                        (statistics.median(o for _, o, _ in rows), sum(d for _, _, d in rows),
-                         sum(o for _, o, _ in rows) / (n * args.tokens), len(rows)))
+                        (statistics.median(r[1] for r in rows), sum(r[2] for r in rows),
+                         sum(r[1] for r in rows) / (n * args.tokens), len(rows),
+                         statistics.median(r[1] - (r[3] if len(r) > 3 else 0.0) for r in rows)))
                 print(f"rep {rep} {model} {mode} N={n}: " + ", ".join(
                     f"{name} {1e3 * got[(model, mode, n, name)][-1][0]:.3f} ms" for name in roots), flush=True)
     print(f"\n{args.tokens} tokens a stream, {args.reps} reps; old = {args.old_rev}; ms a step outside llama_decode")
     # A step's host time grows with its rows (every drafted row is verified on the host), so where a
     # revision drafts longer it makes fewer, heavier steps: the host's time per emitted token says
     # which does less work for the same output.
-    print("| model | mode | N | new | old | new / old | host µs/token (new, old) | steps (new, old) "
-          "| decode s (new, old) |\n|---|---|---|---|---|---|---|---|---|")
+    # With --overlap, "new waits": the part of new's host time a GPU's decode would wait for (its
+    # output is made while the next decode runs); on this CPU the decode is synchronous, so the
+    # "new" column still counts it.
+    print("| model | mode | N | new | new waits | old | new waits / old | host µs/token (new, old) | steps (new, old) "
+          "| decode s (new, old) |\n|---|---|---|---|---|---|---|---|---|---|")
     for model, mode, n in cells:
         runs = {c: got[(model, mode, n, c)] for c in roots}
         med = {c: statistics.median(r[0] for r in runs[c]) * 1e3 for c in roots}
+        waits = statistics.median(r[4] for r in runs["new"]) * 1e3
         per = [statistics.median(r[2] for r in runs[c]) * 1e6 for c in roots]
         steps = [statistics.median(r[3] for r in runs[c]) for c in roots]
         dec = [statistics.median(r[1] for r in runs[c]) for c in roots]
-        print(f"| {model} | {mode} | {n} | {med['new']:.3f} | {med['old']:.3f} | {med['new'] / med['old']:.2f} | "
+        print(f"| {model} | {mode} | {n} | {med['new']:.3f} | {waits:.3f} | {med['old']:.3f} "
+              f"| {waits / med['old']:.2f} | "
               f"{', '.join(f'{p:.0f}' for p in per)} | {', '.join(f'{s:.0f}' for s in steps)} | "
               f"{', '.join(f'{d:.1f}' for d in dec)} |")  # fmt: skip
 

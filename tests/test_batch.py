@@ -94,10 +94,10 @@ class Batch:
     """A StepLoop over one context with `n_seq` streams, fed requests at chosen steps."""
 
     def __init__(self, weights: Weights, n_seq: int, n_ctx: int = N_CTX, ngram: bool = False,
-                 draft: Context | None = None, n_batch: int = 512) -> None:
+                 draft: Context | None = None, n_batch: int = 512, overlap: bool = False) -> None:
         self.weights = weights
         self.ctx = Context(weights, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_seq=n_seq))
-        self.loop = StepLoop(self.ctx)
+        self.loop = StepLoop(self.ctx, overlap=overlap)
         self.config, self.cost = speculative() if ngram or draft is not None else (SpeculativeConfig(), CostModel(9))
         sources: list[list[object]] = [[] for _ in range(n_seq)]
         for sid in range(n_seq):
@@ -122,8 +122,11 @@ class Batch:
         return seq
 
     def step(self) -> None:
+        self.publish(self.loop.step(publish=self.publish))
+
+    def publish(self, outputs: list[tuple[Sequence, list[object] | BaseException]]) -> None:
         keys = {id(s): k for k, s in self.seqs.items()}
-        for seq, got in self.loop.step():
+        for seq, got in outputs:
             assert not isinstance(got, BaseException), got
             for item in got:
                 self.runs[keys[id(seq)]].add(item)
@@ -306,6 +309,63 @@ def test_mixed_options_share_one_batch(weights: Weights) -> None:
         b.close()
 
 
+def test_overlapped_steps_equal_each_request_alone(weights: Weights) -> None:
+    """Where a GPU's decode runs while the host says the last step's text (StepLoop.overlap),
+    every option still gives what it gives alone: a stop string found during the next decode
+    drops the rows that decode scored for it, a late prompt prefills beside the others, and a
+    cancelled sequence leaves in the very next step. The output is made inside the decode's call,
+    between its launch and the read of its logits."""
+    fmt = gbnf_for_format({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]})
+    reqs = [
+        request(weights, 1),  # a copy: drafts that hold
+        request(weights, 1, sampling=SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=7)),
+        request(weights, 2, grammar=fmt),
+        request(weights, 3, logprobs=3),
+        request(weights, 0, n=64, stop=["sea"]),
+        request(weights, 3, n=64, stop=[" fox"]),  # inside a copied draft
+        request(weights, 2, n=64),
+    ]
+    want = [solo(weights, r) for r in reqs]
+    b = Batch(weights, len(reqs), ngram=True, overlap=True)
+    decode, inside = b.ctx.decode_many, [0]
+
+    def counted(parts: list[tuple[int, list[int], int]], copy: bool = True, meanwhile: Callable[[], object]
+                | None = None) -> list[object]:
+        def said() -> None:
+            before = sum(len(r.text) for r in b.runs.values())
+            assert meanwhile is not None
+            meanwhile()
+            inside[0] += sum(len(r.text) for r in b.runs.values()) > before
+        return decode(parts, copy, said if meanwhile else None)  # type: ignore[return-value]
+
+    b.ctx.decode_many = counted  # type: ignore[method-assign]
+    gone = [False]
+    try:
+        for i in range(5):
+            b.add(i, reqs[i])
+        cancelled = b.add(6, reqs[6], cancelled=lambda: gone[0])
+        for n in b.drain():
+            if n == 4:
+                b.add(5, reqs[5])
+            if n == 10:
+                gone[0] = True
+            if n == 11:
+                assert cancelled not in b.loop.running.values()
+        for i in range(6):
+            assert b.runs[i].tokens == want[i].tokens, f"sequence {i} parted from its solo run"
+            assert b.runs[i].text == want[i].text
+        assert [e.logprob for lp in b.runs[3].logprobs for e in lp.entries] == \
+            [e.logprob for lp in want[3].logprobs for e in lp.entries]
+        for i in (4, 5):
+            assert b.runs[i].result.done_reason == want[i].result.done_reason == "stop"  # type: ignore[union-attr]
+        assert b.runs[6].result.done_reason == "cancel"  # type: ignore[union-attr]
+        assert sum(b.runs[i].result.draft_accepted_tokens for i in range(6)) > 0  # type: ignore[union-attr]
+        assert inside[0] > 10  # the text came out while decodes ran
+    finally:
+        del b.ctx.decode_many
+        b.close()
+
+
 def test_a_cancel_mid_batch_frees_its_stream_and_spares_the_others(weights: Weights) -> None:
     reqs = [request(weights, i) for i in range(3)]
     want = [solo(weights, r) for r in reqs]
@@ -402,14 +462,15 @@ def test_a_shift_inside_a_batch(weights: Weights) -> None:
         b.close()
 
 
-@pytest.mark.parametrize("shift", [True, False], ids=["shift", "stop"])
-def test_padding_never_overflows_a_window(weights: Weights, shift: bool) -> None:
+@pytest.mark.parametrize(("shift", "overlap"), [(True, False), (False, False), (True, True)],
+                         ids=["shift", "stop", "shift-overlapped"])
+def test_padding_never_overflows_a_window(weights: Weights, shift: bool, overlap: bool) -> None:
     """Drafting sequences (so the step pads the others to their width) at the end of small windows:
     each shifts, or stops at `length`, exactly as alone, and none fails the step for the others
     (Open WebUI's long side requests once ended both streams of a batch with a 500 this way)."""
     reqs = [request(weights, i, n=300, shift=shift, num_keep=8) for i in (1, 3, 0)]
     want = [solo(weights, r, n_ctx=256) for r in reqs]
-    b = Batch(weights, 3, n_ctx=256, ngram=True)
+    b = Batch(weights, 3, n_ctx=256, ngram=True, overlap=overlap)
     try:
         for i, r in enumerate(reqs):
             b.add(i, r)

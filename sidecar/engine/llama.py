@@ -15,7 +15,7 @@ import functools
 import hashlib
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -170,10 +170,8 @@ class Weights:
         return [one[0] for one in ids if len(one) == 1]
 
     def piece(self, token: int) -> bytes:
-        """The bytes a token stands for; control tokens render as nothing.
-
-        Pieces can exceed any fixed buffer and need not be valid UTF-8 on their own: callers feed
-        them to an incremental decoder (engine.text)."""
+        """The bytes a token stands for; control tokens render as nothing. Pieces can exceed any
+        fixed buffer and need not be valid UTF-8: callers feed them to engine.text's decoder."""
         return self._piece(token, False)
 
     def special_piece(self, token: int) -> bytes:
@@ -435,22 +433,22 @@ class Context:
         self._extend(seq, tokens)
         return self._logits(len(rows))
 
-    def decode_many(self, parts: Sequence[tuple[int, Sequence[int], int]], copy: bool = True
-                    ) -> list[np.ndarray | None]:
+    def decode_many(self, parts: Sequence[tuple[int, Sequence[int], int]], copy: bool = True,
+                    meanwhile: Callable[[], object] | None = None) -> list[np.ndarray | None]:
         """One llama_decode over several sequences' rows: `parts` is (seq, tokens, read) each, at
         most one part per sequence, appended after what that sequence holds, with logits for its
         last `read` rows (all of them for a round, none for a prefill chunk, the last one for the
         chunk that ends a prompt). Returns per part those rows' (read, n_vocab) logits, or None
         where none were asked for.
 
-        copy=False returns views of llama.cpp's logits buffer, valid only until the next decode on
-        this context: for a caller that reads them at once (engine.step), a 65-row verification
-        spares copying 12 MiB of which it reads the rows up to the first rejection.
+        copy=False returns views of llama.cpp's logits buffer, valid until the next decode: a
+        65-row verification that reads up to its first rejection spares copying 12 MiB. `meanwhile`
+        runs once the decode is launched, before its logits are read: on a GPU, where llama_decode
+        returns before the device is done, the host work the decode does not need (engine.step).
 
-        The batch goes to llama.cpp in sequence order, whatever order the parts come in: it splits
-        a batch into passes of consecutive sequences in the order it holds them (engine.layout),
-        so one plain row on each of sequences 1, 2, 3, 0 ran as two passes, 148 ms against 125 ms
-        on the padded pair (SmolLM2: 28.4 against 25.2)."""
+        The batch goes to llama.cpp in sequence order: it splits a batch into passes of consecutive
+        sequences as it holds them (engine.layout; sequences 1, 2, 3, 0 made two passes, 28.4 ms
+        against 25.2 on SmolLM2)."""
         n = reads = 0
         for _, tokens, read in parts:  # loops, not sums over generators: ~8 us less a step after a decode
             n, reads = n + len(tokens), reads + read
@@ -462,6 +460,8 @@ class Context:
                 raise ContextFull(f"{have + len(tokens)} tokens do not fit in {self.n_ctx}")
         order = sorted(range(len(parts)), key=lambda i: parts[i][0])
         self._run([parts[i] for i in order])
+        if meanwhile is not None:
+            meanwhile()
         out = self._logits(reads, copy)
         result: list[np.ndarray | None] = [None] * len(parts)
         at = 0

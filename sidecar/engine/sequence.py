@@ -3,10 +3,11 @@
 A `Sequence` holds everything of one request: its committed tokens, sampler, grammar, drafter and
 counters, and its output. It never decodes. Each step it says which rows it needs scored next
 (`rows`: a chunk of its prompt's prefill, one plain token, or a token with its drafted stretch),
-takes those rows' logits back (`take`), verifies the draft against them, emits its output and
-updates its drafters; between steps it tells the step loop (engine.step) how many positions of its
-KV cache to keep (`kv_len`) and, when its window is full, what to shift. So the decode calls, and
-the llama.cpp context they run on, belong to the step loop alone.
+takes those rows' logits back (`take`), verifies the draft against them, commits what holds and
+updates its drafters; then says its output (`say`: text, stop strings), which the step loop may do
+while the next decode runs. Between steps it tells the step loop (engine.step) how many positions
+of its KV cache to keep (`kv_len`) and, when its window is full, what to shift. So the decode
+calls, and the llama.cpp context they run on, belong to the step loop alone.
 
 A round with no draft is a plain target step, so target-only decoding is the same code path with
 k = 0; that is what makes speculative and plain output comparable token for token.
@@ -35,16 +36,13 @@ cell from its head, which removing rejected drafts moves back to the first freed
 after a shift reads the cache exactly as plain steps do. Drafters only see the shifted context
 (`Drafter.shift`); what they propose cannot change the output.
 
-Logprobs (engine.logprobs) come from the row that scored each emitted token, the verify batch's
-under speculation; they are computed only when asked for.
+Logprobs (engine.logprobs), only when asked for, come from the row that scored each emitted token.
 
 A drafter is held as a hybrid.HybridDrafter (a lone one as a hybrid of one). Each step the
 sequence offers every ready source's draft (`menu`), the step's schedule picks one or none
-(engine.schedule), and the sequence learns how the draft fared (engine.evidence). The step loop
-may pad a round's rows to its neighbours' width (one pass for a run of streams): the pad rows are
-copies of the pending token, never read, and rolled back with the rejected drafts. At the end the
-drafter is told of the finished request (`finish`), speculative or not, so a cross-request cache
-learns it.
+(engine.schedule), and the sequence learns how the draft fared (engine.evidence). Pad rows
+(engine.step) are copies of the pending token, never read, rolled back with the rejected drafts.
+At the end the drafter learns the finished request (`finish`), so a cross-request cache has it.
 """
 
 from __future__ import annotations
@@ -67,7 +65,7 @@ from sidecar.engine.logprobs import Logprobs, TokenLogprob, token_logprob
 from sidecar.engine.sampling import Sampler, SamplingParams
 from sidecar.engine.schedule import PLAIN, Choice, Option
 from sidecar.engine.tally import Tally
-from sidecar.engine.text import TextStream, Trigger
+from sidecar.engine.text import TextStream, Trigger, renderer
 from sidecar.engine.verify import verify, verify_greedy_rows
 from sidecar.engine.window import shift_span, truncate_prompt
 from sidecar.errors import ClientError
@@ -164,9 +162,8 @@ class _Pending:
 
 
 class Sequence:
-    """One request on a target: its state from the prompt to the Result (see the module docstring).
-
-    `drafter` drafts when the request speculates and learns the finished request in any case."""
+    """One request on a target, from the prompt to the Result (module docstring); `drafter`
+    drafts when the request speculates and learns the finished request in any case."""
 
     def __init__(self, weights: Weights, n_ctx: int, n_batch: int, req: Request, drafter: HybridDrafter | None,
                  config: SpeculativeConfig, cost: CostModel, cancelled: Callable[[], bool] = lambda: False,
@@ -234,9 +231,10 @@ class Sequence:
         self._menu: list[Option] = []  # this round's options, until the step chose (`_say`)
         self._shifting: tuple[int, int] | None = None  # the shift `ready` made, for the next rows
         self.text = TextStream(req.stop)
-        self.text_of = _renderer(self.weights.piece, self.weights.special_piece, req.preserve)
+        self.text_of = renderer(self.weights.piece, self.weights.special_piece, req.preserve)
         self.trigger = Trigger(req.grammar_after) if self.grammar is not None and req.grammar_after else None
         self.pending: list[TokenLogprob] = []  # logprobs of tokens whose text is not out yet
+        self._unsaid: list[tuple[bytes, TokenLogprob | None]] = []  # committed, not yet said (`say`)
         self.limit = req.num_predict if req.num_predict >= 0 else float("inf")
         self._round: _Pending | None = None
         self._asked: Choice | None = None  # the model draft `rows` asked for (an Ask)
@@ -368,14 +366,15 @@ class Sequence:
         self._round = None
         self.done = "length"
 
-    def take(self, logits: np.ndarray | None) -> list[Item]:
-        """The rows' logits (None for a prefill chunk): verify, commit and return the output they
-        make final."""
+    def take(self, logits: np.ndarray | None) -> None:
+        """The rows' logits (None for a prefill chunk): verify and commit what they accept. Their
+        text comes out of `say`, which the step loop may call while the next decode runs: the next
+        rows need the tokens, not their text (engine.step)."""
         if self._rest:
             del self._rest[: self._taking]
             self.kv_len += self._taking
             if self._rest:
-                return []
+                return
         assert logits is not None and self._round is not None
         pending, self._round = self._round, None
         draft, proposal = pending.draft, pending.proposal
@@ -406,7 +405,6 @@ class Sequence:
             self.tally.add(src.name, len(draft), m)
             if not src.has_cost:
                 self.tally.free_tokens += m + 1
-        items: list[Item] = []
         for row, tok in enumerate((*draft[:m], nxt)):
             if self.weights.is_eog(tok):
                 self.done = "stop"
@@ -418,8 +416,26 @@ class Sequence:
                 trigger.feed(raw)  # a grammar that starts here applies from the next token on
             for committed in (tokens, history, self.seen, out):
                 committed.append(tok)
-            if self.req.logprobs is not None:
-                self.pending.append(token_logprob(logits[row], tok, self.req.logprobs, text_of))
+            # Logprobs now: the rows are llama.cpp's buffer, which the next decode overwrites.
+            want = self.req.logprobs
+            self._unsaid.append((raw, None if want is None else token_logprob(logits[row], tok, want, text_of)))
+            if len(out) >= self.limit:
+                self.done = "length"
+                break
+        if self._t_gen is None:  # the first token: the prompt's time ends, the generation's begins
+            self._t_gen = now = time.perf_counter()
+            self.result.prompt_seconds = now - self._t0
+
+    def say(self) -> list[Item]:
+        """The output of the tokens `take` committed since: text held back while it may grow into
+        a stop string, and logprobs before the text they describe. A stop string ends the
+        generation where it completes; tokens committed after it are not output (they were
+        verified in the same round or, where the step loop overlaps, scored in the next)."""
+        items: list[Item] = []
+        unsaid, self._unsaid = self._unsaid, []
+        for i, (raw, logprob) in enumerate(unsaid):
+            if logprob is not None:
+                self.pending.append(logprob)
             piece, hit = self.text.feed(raw)
             if piece:
                 if self.pending:
@@ -428,13 +444,9 @@ class Sequence:
                 items.append(piece)
             if hit:
                 self.done = "stop"
+                if after := len(unsaid) - 1 - i:
+                    del self.result.tokens[-after:]
                 break
-            if len(out) >= self.limit:
-                self.done = "length"
-                break
-        if self._t_gen is None:  # the first token: the prompt's time ends, the generation's begins
-            self._t_gen = time.perf_counter()
-            self.result.prompt_seconds = self._t_gen - self._t0
         return items
 
     def finish(self) -> list[Item]:
@@ -454,8 +466,7 @@ class Sequence:
             res.prompt_seconds, self._t_gen = now - self._t0, now
         res.eval_seconds = now - self._t_gen
         res.done_reason = done
-        res.draft_tokens = tally.draft_tokens
-        res.draft_accepted_tokens = tally.accepted_tokens
+        res.draft_tokens, res.draft_accepted_tokens = tally.draft_tokens, tally.accepted_tokens
         res.draft_rounds = tally.rounds
         res.accepted_per_pos = list(tally.accepted_per_pos)
         res.drafts_by_source = {name: (d, a) for name, (d, a) in tally.by_source.items()}
@@ -487,10 +498,3 @@ class Sequence:
         self.kv_len -= discard
         return keep, discard
 
-
-def _renderer(piece: Callable[[int], bytes], special: Callable[[int], bytes],
-              preserve: frozenset[int]) -> Callable[[int], bytes]:
-    """A token's output bytes: its special rendering for the `preserve` ids, its plain piece otherwise."""
-    if not preserve:
-        return piece
-    return lambda tok: special(tok) if tok in preserve else piece(tok)

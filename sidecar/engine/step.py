@@ -20,7 +20,10 @@ What a step does (the design page, docs/design/scheduler.md, walks one through):
 4. One llama_decode over every sequence's rows, in the cheaper of two layouts (each run of
    consecutive streams padded to one width, or split as llama.cpp splits it); its seconds teach
    the cost model, by the layout's features.
-5. Each sequence verifies its rows and emits its output (`Sequence.take`).
+5. Each sequence verifies its rows and commits what holds (`Sequence.take`), then says its text
+   (`Sequence.say`: detokenising, stop strings) and leaves with its Result when done (`_emit`).
+   On a GPU the saying waits for the next step and runs while that step's decode computes
+   (`overlap`): the next rows need the tokens, not their text.
 
 Losslessness: each sequence's stream starts at cell 0 and holds only its own positions, so its
 rows read the same cells in the same order as when it runs alone, and llama.cpp's CPU kernels
@@ -72,11 +75,20 @@ class Stats:
     together: int = 0  # model drafts made in one batch with another sequence's (drafters.propose_together)
 
 
+Output = tuple[Sequence, list[Item] | BaseException]  # a sequence's output of a step, or its failure
+Publish = Callable[[list[Output]], None]
+
+
 class StepLoop:
     """Steps the sequences on one target context together; owns the context (one thread at a time)."""
 
-    def __init__(self, target: Context) -> None:
+    def __init__(self, target: Context, overlap: bool | None = None) -> None:
         self.target = target
+        # Say the verified tokens' text while the next decode runs (`_emit`), where llama_decode
+        # returns before the device is done: a GPU's. On a CPU the decode is synchronous, so the
+        # text would only come a step later.
+        self.overlap = target.weights.gpu_layers > 0 if overlap is None else overlap
+        self._unsaid: list[int] = []  # streams verified in the last step, their output not yet said
         self.running: dict[int, Sequence] = {}  # stream id -> its sequence
         self._clock = itertools.count(1)
         self._used = [0] * target.n_seq  # when each stream last held a sequence (LRU)
@@ -142,29 +154,36 @@ class StepLoop:
             self.stats.copied_tokens += min(got, len(prompt) - 1)
         return sid
 
-    def step(self, skip: Callable[[Sequence], bool] = lambda seq: False
-             ) -> list[tuple[Sequence, list[Item] | BaseException]]:
+    def step(self, skip: Callable[[Sequence], bool] = lambda seq: False, publish: Publish | None = None
+             ) -> list[Output]:
         """One decode over the running sequences (but those `skip` holds back: a client that reads
         slowly); returns each one's output. A sequence that is done gives its last output and
-        Result here and leaves; one that failed gives its exception and leaves.
+        Result and leaves; one that failed gives its exception and leaves. Where the loop overlaps,
+        the output of the last step's tokens is made while this step's decode runs, and handed to
+        `publish` then (if given) rather than returned.
 
         A step that decoded is timed: its wall time, and the host's part, all but the seconds in
         llama_decode and waiting for its results (engine.hosttime)."""
         t0, d0 = time.perf_counter(), device_seconds()
         self._held_step = None
-        out = self._step(skip)
+        out = self._step(skip, publish)
         if self._held_step is not None:
             wall = time.perf_counter() - t0
             self.host.observe(wall, wall - (device_seconds() - d0), *self._held_step)
         return out
 
-    def _step(self, skip: Callable[[Sequence], bool]) -> list[tuple[Sequence, list[Item] | BaseException]]:
+    def _step(self, skip: Callable[[Sequence], bool], publish: Publish | None) -> list[Output]:
         target = self.target
-        out: list[tuple[Sequence, list[Item] | BaseException]] = []
+        out: list[Output] = []
 
         def drop(sid: int, got: list[Item] | BaseException) -> None:
             out.append((self.running[sid], got))
             self._leave(sid)
+
+        # What the step says besides its decode (`_emit`): the last step's verified tokens, where
+        # the loop overlaps, and the sequences that end now (done, cancelled, a full window).
+        said = self._unsaid
+        self._unsaid = []
 
         # The running sequences in one pass (each comprehension or generator over them costs a few
         # us a step on the host): those that go on, decoding or prefilling, and the deepest stream.
@@ -182,10 +201,11 @@ class StepLoop:
                     (prompts if seq.prefilling else decoding).append(sid)
                     cells = max(cells, len(target.held(sid)))
                 else:
-                    drop(sid, seq.finish())
+                    said.append(sid)
             except BaseException as e:  # this sequence's failure, not the step's
                 drop(sid, e)
         if not live:
+            self._emit(said, (), out)
             return out
         cost = self.running[live[0]].cost
         plan = self._schedule(decoding, cost, cells, drop, priced=bool(prompts))
@@ -225,8 +245,9 @@ class StepLoop:
             except BaseException as e:
                 drop(sid, e)
         if not parts:
+            self._emit(said, (), out)
             return out
-        return out + self._decode(parts, cost, cells, plan)
+        return self._decode(parts, cost, cells, plan, said, out, publish)
 
     def _schedule(self, decoding: list[int], cost: CostModel, cells: int,
                   drop: Callable[[int, BaseException], None], priced: bool) -> Plan:
@@ -262,12 +283,12 @@ class StepLoop:
         self.stats.withdrawn += sum(1 for m in menus if m.options and m.sid not in plan.choices)
         return plan
 
-    def _decode(self, parts: list[tuple[int, Rows]], cost: CostModel, cells: int, plan: Plan
-                ) -> list[tuple[Sequence, list[Item] | BaseException]]:
+    def _decode(self, parts: list[tuple[int, Rows]], cost: CostModel, cells: int, plan: Plan, said: list[int],
+                out: list[Output], publish: Publish | None) -> list[Output]:
         """Decode every sequence's rows in one llama_decode, teach the cost model what it took,
-        and hand each sequence its logits."""
+        and hand each sequence its logits; `said`'s output is made during the decode where the
+        loop overlaps, after it otherwise."""
         target = self.target
-        out: list[tuple[Sequence, list[Item] | BaseException]] = []  # not list[...](): it builds the types each step
         # One pass over the parts for everything the step books (a generator per sum cost a few
         # us each right after a decode): the batch, its widths, its prompt rows, the cost models
         # it teaches and what the host's price learns of it (`_held_step`).
@@ -296,15 +317,30 @@ class StepLoop:
                 batch = [(sid, tokens + [tokens[0]] * (padded[sid] - len(tokens)), padded[sid])
                          for sid, tokens, _ in batch]
                 widths, layout = wide, self._layout(wide, prefill, cells)
+        meanwhile = 0.0  # seconds `_emit` took inside the decode's call (not the device's)
+
+        def emit() -> None:
+            nonlocal meanwhile
+            t = time.perf_counter()
+            self._emit(said, flying, out)
+            said.clear()
+            if publish is not None:
+                publish(out[:])
+                out.clear()
+            meanwhile = time.perf_counter() - t
+
+        flying = {sid for sid, _ in parts}
         t = time.perf_counter()
-        try:
-            logits = target.decode_many(batch, copy=False)  # each sequence reads its rows before the next decode
+        try:  # each sequence reads its rows before the next decode (copy=False)
+            logits = target.decode_many(batch, copy=False, **({"meanwhile": emit} if self.overlap else {}))
         except BaseException as e:  # the decode failed: every sequence in it fails
             for sid, _ in parts:
-                out.append((self.running[sid], e))
-                self._leave(sid)
+                if sid in self.running:
+                    out.append((self.running[sid], e))
+                    self._leave(sid)
+            self._emit(said, (), out)
             return out
-        seconds = time.perf_counter() - t
+        seconds = time.perf_counter() - t - meanwhile
         for model in models.values():
             model.observe_step(layout, seconds)
         self._widths = widths
@@ -314,13 +350,18 @@ class StepLoop:
         # /metrics' realised speed-up over target-only (Result.saved_seconds).
         n = max(1, reading)
         per_plain, per_step = plan.plain / n, plan.seconds / n
-        ended: list[int] = []
+        taken: list[int] = []
         emitted = 0
         for (sid, rows), lg in zip(parts, logits, strict=True):
-            seq = self.running[sid]
+            seq = self.running.get(sid)
+            if seq is None:  # it failed while the decode ran (`_emit`)
+                continue
+            if seq.done is not None:  # a stop string in its last round's text, found while the decode ran
+                target.truncate(seq.kv_len, sid)  # it ends in the next step
+                continue
             before = len(seq.result.tokens)
             try:
-                items = seq.take(lg)
+                seq.take(lg)
                 target.truncate(seq.kv_len, sid)
             except BaseException as e:
                 out.append((seq, e))
@@ -330,16 +371,35 @@ class StepLoop:
             emitted += made
             if rows.logits and plan.choices:
                 seq.tally.saved_seconds += made * per_plain - per_step
-            if seq.done is not None:  # its Result goes now, not after the next step's decode (a prompt's chunk, maybe)
-                items = [*items, *seq.finish()]
-                ended.append(sid)
-            if items:
-                out.append((seq, items))
+            taken.append(sid)
         self.stats.tokens += emitted
-        for sid in ended:
-            self._leave(sid)
+        if self.overlap:  # said while the next step's decode runs
+            self._unsaid, taken = taken, []
+        # Otherwise now: a sequence done now gives its Result now, not after the next step's
+        # decode (a long prompt's chunk, maybe). `said` is empty where the decode said it.
+        self._emit(said + taken, (), out)
         self._held_step = (reading, emitted, drafting, drafted)
         return out
+
+    def _emit(self, sids: list[int], flying: abc.Collection[int], out: list[Output]) -> None:
+        """Each sequence's output of the tokens it has verified (`Sequence.say`: text, stop
+        strings), and the Result of those that are done, who then leave; but not those whose
+        rows the running decode holds (`flying`): they end in the next step."""
+        for sid in sids:
+            seq = self.running.get(sid)
+            if seq is None:  # said and left already
+                continue
+            try:
+                items = seq.say()
+                if seq.done is not None and sid not in flying:
+                    items += seq.finish()
+                    self._leave(sid)
+            except BaseException as e:
+                out.append((seq, e))
+                self._leave(sid)
+                continue
+            if items:
+                out.append((seq, items))
 
     def _layout(self, widths: tuple[tuple[int, int], ...], prefill: int, cells: int) -> Layout:
         """The decode as the cost model sees it (engine.cost), `prefill` of its rows a prompt's."""

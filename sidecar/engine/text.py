@@ -8,6 +8,7 @@ completes the stop (generation ends, the stop is not emitted) or stops matching 
 from __future__ import annotations
 
 import codecs
+from collections.abc import Callable
 
 from sidecar.holdback import partial_suffix
 
@@ -73,3 +74,11 @@ class Trigger:
         twin._decoder.setstate(self._decoder.getstate())
         twin._tail = self._tail
         return twin
+
+
+def renderer(piece: Callable[[int], bytes], special: Callable[[int], bytes],
+             preserve: frozenset[int]) -> Callable[[int], bytes]:
+    """A token's output bytes: its special rendering for the `preserve` ids, its plain piece otherwise."""
+    if not preserve:
+        return piece
+    return lambda tok: special(tok) if tok in preserve else piece(tok)

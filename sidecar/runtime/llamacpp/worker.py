@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 from sidecar.engine.decoder import Result
 from sidecar.engine.sequence import Sequence as EngineSequence
-from sidecar.engine.step import StepLoop
+from sidecar.engine.step import Output, StepLoop
 from sidecar.runtime.admission import AdmissionQueue
 
 T = TypeVar("T")
@@ -267,7 +267,13 @@ class Batcher:
             sink = sinks[id(seq)]
             return sink.full and not sink.cancel.is_set()
 
-        for seq, got in self.loop.step(skip):
+        # The step may hand over the last step's output while its decode runs (StepLoop.overlap).
+        self._publish(self.loop.step(skip, self._publish))
+
+    def _publish(self, outputs: list[Output]) -> None:
+        """Each sequence's output to its request's sink; a Result or a failure ends the request."""
+        sinks = self._sinks
+        for seq, got in outputs:
             sink = sinks[id(seq)]
             if isinstance(got, BaseException):
                 del sinks[id(seq)]
