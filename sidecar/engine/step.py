@@ -100,6 +100,7 @@ class StepLoop:
         self._passes: tuple[tuple[tuple[int, int], ...], int] = ((), 0)  # the last widths `_layout` split
         self._drafted_last = False  # whether the last step drafted (the schedule's hysteresis)
         self._held_step: tuple[int, int, int, int] | None = None  # what the last decode held (`step`)
+        self._lessons: list[Callable[[], None]] = []  # what the fits learn of a step, while the next decodes (`_learn`)
 
     @property
     def full(self) -> bool:
@@ -169,8 +170,18 @@ class StepLoop:
         out = self._step(skip, publish)
         if self._held_step is not None:
             wall = time.perf_counter() - t0
-            self.host.observe(wall, wall - (device_seconds() - d0), *self._held_step)
+            host = self.host
+            lesson = (wall, wall - (device_seconds() - d0), *self._held_step)
+            self._learn(lambda: host.observe(*lesson))
         return out
+
+    def _learn(self, lesson: Callable[[], None]) -> None:
+        """Teach a fit what a step took: now, or where the loop overlaps, while the next step's
+        decode runs (~40 us a step on the host, which no decode needs first)."""
+        if self.overlap:
+            self._lessons.append(lesson)
+        else:
+            lesson()
 
     def _step(self, skip: Callable[[Sequence], bool], publish: Publish | None) -> list[Output]:
         target = self.target
@@ -324,6 +335,9 @@ class StepLoop:
             t = time.perf_counter()
             self._emit(said, flying, out)
             said.clear()
+            for lesson in self._lessons:
+                lesson()
+            self._lessons.clear()
             if publish is not None:
                 publish(out[:])
                 out.clear()
@@ -341,8 +355,13 @@ class StepLoop:
             self._emit(said, (), out)
             return out
         seconds = time.perf_counter() - t - meanwhile
-        for model in models.values():
-            model.observe_step(layout, seconds)
+        fits = list(models.values())
+
+        def lesson() -> None:
+            for model in fits:
+                model.observe_step(layout, seconds)
+
+        self._learn(lesson)
         self._widths = widths
         self.stats.steps += 1
         self.stats.rows += layout.rows + prefill
