@@ -6,9 +6,10 @@ answers an agent_replay JSON holds, greedy and so the target's own) through the 
 drafter, the suffix cache, the evidence and the schedule, with a step of r rows costing
 1 + ROW x (r - 1) plain steps, and prints the modelled ratio to plain decoding per turn. It answers
 "is this loss the policy's, or the prices'?" in seconds: `--priced` sets the row price the
-schedule believes apart from the true one (`--row`). Measured with it (bench/results/
-2026-12-07-fit.md): priced at 0.05 against 0.42 true, the free-text turns run at 0.67-0.78x,
-as the daemon did when its fit priced a row at ~0; priced right, at 0.99-1.09x.
+schedule believes apart from the true one (`--row`). A request's drafts are capped by its slow
+start (evidence.Belief.cap) as Sequence.menu caps them. Measured with it (bench/results/
+2026-12-07-fit.md; the session of 2026-12-07): priced at 0.05 against 0.42 true, the free-text
+turns run at 0.85-1.38x (0.67-0.78x before the slow start), priced right at 1.00-1.40x.
 
 The prompt is the conversation's texts joined, not the pair's rendered template: the drafts look
 up the whole history (engine.hybrid), so the template's few tokens change little.
@@ -98,9 +99,10 @@ def replay(session: list[tuple[str, list[int], list[int]]], row: float, priced: 
             options = []
             for i, src in enumerate(sources):
                 support = drafter.propose(i, context, 0, None).support
-                if support.ready and k_cap >= 1:
+                k = min(k_cap, belief.cap(src.name))  # slow start, as Sequence.menu caps it
+                if support.ready and k >= 1:
                     acc = [belief.draw(src.name, support if support.along is None else support.along(j))
-                           for j in range(k_cap)]
+                           for j in range(k)]
                     options.append(Option(i, np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(acc))))))
             plan = schedule([Menu(0, tuple(options), k_cap)], cost, HostPrice(), len(context), 0.03,
                             1.0 if drafted_last else 1.05, N_MAX) if options else None
