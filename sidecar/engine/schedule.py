@@ -103,13 +103,12 @@ def schedule(menus: list[Menu], cost: CostModel, host: HostPrice, cells: int, sl
     tops = [min(m.room, len(o.expected) - 1) for _, m, o in rows]
     k_max = max(tops)
     ks = np.arange(k_max + 1)
-    # Tokens beyond a plain row's one; -inf past an option's end.
-    gain = np.array([o.expected[: top + 1].tolist() + [-np.inf] * (k_max - top)
+    # Tokens beyond a plain row's one; -inf at k = 0 (no upgrade) and past an option's end.
+    gain = np.array([[-np.inf, *o.expected[1 : top + 1].tolist()] + [-np.inf] * (k_max - top)
                      for (_, _, o), top in zip(rows, tops, strict=True)]) - 1.0
     # A round's own seconds, all but the passes, rows and draft steps: its rows' host work and the
     # host's work on the tokens it emits beyond a plain row's.
     emitted = np.maximum(gain, 0.0)
-    emitted[:, 0] = 0.0
     own = host.drafting + ks * host.row + host.token * emitted
     model = [o.model for _, _, o in rows]
     models = any(model)
@@ -123,7 +122,6 @@ def schedule(menus: list[Menu], cost: CostModel, host: HostPrice, cells: int, sl
         share = np.minimum(1.0, made / np.array([[max(rows[r][2].future, 1.0)] for r in mr]))
         lag = np.array([[d[2] * rows[r][2].lag] for r in mr])
         own[mr] = host.drafting + ks * host.row + ks * d[1] + lag * share + host.token * emitted[mr]
-    gain[:, 0] = -np.inf
     group = [o.group for _, _, o in rows]
     seq = [s for s, _, _ in rows]
     first = float(w[4] * (not changed))  # the first draft changes the plain step's layout
@@ -156,8 +154,10 @@ def schedule(menus: list[Menu], cost: CostModel, host: HostPrice, cells: int, sl
         split = w0 * (1 + wide * (n > 1)) + row_at[n + drafted : n + drafted + each * k_max + 1 : each]
         for k in widths:
             split[k] = w0 * (1 + (wide - 1) * (n > 1)) + row_at[n + drafted + each * k]
-        padded = padded_at.copy()
-        padded[:longest] = padded_at[longest]
+        padded = padded_at
+        if longest:
+            padded = padded_at.copy()
+            padded[:longest] = padded_at[longest]
         return np.minimum(split, padded)
 
     def price(sel: dict[int, int]) -> float:
@@ -202,8 +202,11 @@ def schedule(menus: list[Menu], cost: CostModel, host: HostPrice, cells: int, sl
         joint_rate, joint_k = -np.inf, 0
         if len(joint) > 1:
             members = [at[s] for s in joint]
-            g = best_gain[members].sum(axis=0)
-            jt = base + first + best_own[members].sum(axis=0)
+            if members == list(range(len(span))):  # all, in order (the first upgrade): no copies
+                g, o = best_gain.sum(axis=0), best_own.sum(axis=0)
+            else:
+                g, o = best_gain[members].sum(axis=0), best_own[members].sum(axis=0)
+            jt = base + first + o
             if models:
                 shared = np.maximum(0, ks - max(steps_made.values(), default=0)) * d0
                 jt += np.where(flags[best_rows[members]].any(axis=0), shared, 0.0)
