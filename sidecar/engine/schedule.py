@@ -131,10 +131,9 @@ def schedule(menus: list[Menu], cost: CostModel, host: HostPrice, cells: int, sl
     for r, s in enumerate(seq):
         span[s] = (span.get(s, (r, r))[0], r + 1)
     at = {s: i for i, s in enumerate(span)}
-    if len(span) == len(rows):  # one option a sequence: it is its best
-        best_rows = np.arange(len(rows)).repeat(k_max + 1).reshape(gain.shape)
-        best_gain, best_own = gain, own
-    else:
+    best_rows: np.ndarray | None = None  # None: one option a sequence, its best at every length
+    best_gain, best_own = gain, own
+    if len(span) < len(rows):
         best_rows = np.array([a + gain[a:b].argmax(axis=0) for a, b in span.values()])
         best_gain, best_own = gain[best_rows, ks], own[best_rows, ks]
     # A row's device price by the rows a decode carries (`split`), and the padded decode's by its longest draft.
@@ -209,7 +208,8 @@ def schedule(menus: list[Menu], cost: CostModel, host: HostPrice, cells: int, sl
             jt = base + first + o
             if models:
                 shared = np.maximum(0, ks - max(steps_made.values(), default=0)) * d0
-                jt += np.where(flags[best_rows[members]].any(axis=0), shared, 0.0)
+                drafting = flags[members][:, None] if best_rows is None else flags[best_rows[members]]
+                jt += np.where(drafting.any(axis=0), shared, 0.0)
             jt += devices(drafted, len(joint), longest, widths)
             jr = (tokens + g) / jt
             if budget < len(joint) * k_max:
@@ -218,8 +218,9 @@ def schedule(menus: list[Menu], cost: CostModel, host: HostPrice, cells: int, sl
             joint_rate = float(jr[joint_k])
         if max(best, joint_rate) <= tokens / seconds or not np.isfinite(max(best, joint_rate)):
             break
-        takes = ([(int(best_rows[at[s], joint_k]), joint_k) for s in joint] if joint_rate > best
-                 else [(r, k)])
+        takes = [(r, k)]
+        if joint_rate > best:
+            takes = [(span[s][0] if best_rows is None else int(best_rows[at[s], joint_k]), joint_k) for s in joint]
         for r, k in takes:
             sel[r] = k
             tokens += float(gain[r, k])
