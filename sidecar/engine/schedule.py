@@ -27,6 +27,7 @@ gain over the rest of the request repays its catch-up.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,8 +105,10 @@ def schedule(menus: list[Menu], cost: CostModel, host: HostPrice, cells: int, sl
     k_max = max(tops)
     ks = np.arange(k_max + 1)
     # Tokens beyond a plain row's one; -inf at k = 0 (no upgrade) and past an option's end.
-    gain = np.array([[-np.inf, *o.expected[1 : top + 1].tolist()] + [-np.inf] * (k_max - top)
-                     for (_, _, o), top in zip(rows, tops, strict=True)]) - 1.0
+    gain = np.full((len(rows), k_max + 1), -np.inf)
+    for r, ((_, _, o), top) in enumerate(zip(rows, tops, strict=True)):
+        gain[r, 1 : top + 1] = o.expected[1 : top + 1]
+    gain -= 1.0
     # A round's own seconds, all but the passes, rows and draft steps: its rows' host work and the
     # host's work on the tokens it emits beyond a plain row's.
     emitted = np.maximum(gain, 0.0)
@@ -216,7 +219,7 @@ def schedule(menus: list[Menu], cost: CostModel, host: HostPrice, cells: int, sl
                 jr[max(budget // len(joint) + 1, 0) :] = -np.inf  # past the budget
             joint_k = int(jr.argmax())
             joint_rate = float(jr[joint_k])
-        if max(best, joint_rate) <= tokens / seconds or not np.isfinite(max(best, joint_rate)):
+        if max(best, joint_rate) <= tokens / seconds or not math.isfinite(max(best, joint_rate)):
             break
         takes = [(r, k)]
         if joint_rate > best:
