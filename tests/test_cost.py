@@ -342,6 +342,16 @@ def test_streams_that_all_copy_draft_together() -> None:
     assert len({c.k for c in plan.choices.values()}) == 1  # one width: one pass more, not four
 
 
+def test_streams_that_copy_from_different_sources_draft_together_each_from_its_copy() -> None:
+    """Where each stream offers two sources, a joint upgrade takes every stream's likelier one."""
+    copying, guessing = copy(0.99, 16), copy(0.3, 16)
+    streams = [Menu(sid, (Option(0, guessing), Option(1, copying)) if sid % 2 else
+                    (Option(0, copying), Option(1, guessing)), 16) for sid in range(4)]
+    plan = schedule(streams, cost(CPU), HostPrice(), 0, SLACK, 1.05, 100)
+    assert {sid: c.source for sid, c in plan.choices.items()} == {0: 0, 1: 1, 2: 0, 3: 1}
+    assert len({c.k for c in plan.choices.values()}) == 1
+
+
 def test_drafts_fit_the_batch_budget() -> None:
     streams = [Option(0, copy(0.99, 16)) for _ in range(4)]
     plan = schedule(menus(*streams, room=16), cost(FLAT + [1.2] * 8), HostPrice(), 0, SLACK, 1.0, 20)

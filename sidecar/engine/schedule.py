@@ -27,6 +27,7 @@ gain over the rest of the request repays its catch-up.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,43 +92,74 @@ def schedule(menus: list[Menu], cost: CostModel, host: HostPrice, cells: int, sl
     n = len(menus)
     w = cost.device.w  # passes, rows, prefill, attention, changed
     d = cost.draft.w  # steps, rows, catchup
+    w0, d0 = float(w[0]), float(d[0])
     row = float(w[1] + w[3] * blocks(cells + 1))  # a row's device price at this depth
     rest = float(w[4] * changed + host.fixed + (host.seq + host.token) * n)  # but the passes and rows
     plain = float(w[0] + n * row) + rest
     out = Plan(seconds=plain, tokens=float(n), plain=plain)
-    rows = [(m, o) for m in menus for o in m.options if m.room > 0 and len(o.expected) > 1]
+    # (menu index, menu, option) of every option with a draft to offer
+    rows = [(s, m, o) for s, m in enumerate(menus) if m.room > 0 for o in m.options if len(o.expected) > 1]
     if not rows or plain <= 0:
         return out
-    k_max = max(min(m.room, len(o.expected) - 1) for m, o in rows)
+    tops = [min(m.room, len(o.expected) - 1) for _, m, o in rows]
+    k_max = max(tops)
     ks = np.arange(k_max + 1)
-    gain = np.full((len(rows), k_max + 1), -np.inf)  # tokens beyond a plain row's one
-    own = np.zeros((len(rows), k_max + 1))  # a round's own seconds: all but the passes, rows and draft steps
-    model = np.zeros(len(rows), dtype=bool)
-    group = np.zeros(len(rows), dtype=np.int64)
-    seq = np.zeros(len(rows), dtype=int)
-    ids = {m.sid: i for i, m in enumerate(menus)}
-    for r, (m, o) in enumerate(rows):
-        top = min(m.room, len(o.expected) - 1)
-        gain[r, 1 : top + 1] = o.expected[1 : top + 1] - 1.0
-        extra = host.drafting + ks * host.row  # its rows' host work
-        if o.model:
-            # Its rows in the draft steps, and the catch-up's share this round makes of what is left.
-            # (A length past this menu's end is priced at its last: the gain there is -inf anyway.)
-            made = np.pad(o.expected[: top + 1], (0, k_max - top), mode="edge")
-            share = np.minimum(1.0, made / max(o.future, 1.0))
-            extra = extra + ks * d[1] + d[2] * o.lag * share
-            model[r], group[r] = True, o.group
-        own[r] = extra + host.token * np.append(0.0, gain[r, 1:].clip(min=0))
-        seq[r] = ids[m.sid]
-    gain[:, 0] = -np.inf
-    first = w[4] * (not changed)  # the first draft changes the plain step's layout
+    # Tokens beyond a plain row's one; -inf at k = 0 (no upgrade) and past an option's end.
+    gain = np.full((len(rows), k_max + 1), -np.inf)
+    for r, ((_, _, o), top) in enumerate(zip(rows, tops, strict=True)):
+        gain[r, 1 : top + 1] = o.expected[1 : top + 1]
+    gain -= 1.0
+    # A round's own seconds, all but the passes, rows and draft steps: its rows' host work and the
+    # host's work on the tokens it emits beyond a plain row's.
+    emitted = np.maximum(gain, 0.0)
+    own = host.drafting + ks * host.row + host.token * emitted
+    model = [o.model for _, _, o in rows]
+    models = any(model)
+    if models:
+        # A model draft's also: its rows in the draft steps, and the catch-up's share this round
+        # makes of what is left (a length past its end is priced at its last: its gain is -inf).
+        flags = np.array(model)
+        mr = np.flatnonzero(flags)
+        made = np.array([(ex := rows[r][2].expected[: tops[r] + 1].tolist()) + ex[-1:] * (k_max - tops[r])
+                         for r in mr])
+        share = np.minimum(1.0, made / np.array([[max(rows[r][2].future, 1.0)] for r in mr]))
+        lag = np.array([[d[2] * rows[r][2].lag] for r in mr])
+        own[mr] = host.drafting + ks * host.row + ks * d[1] + lag * share + host.token * emitted[mr]
+    group = [o.group for _, _, o in rows]
+    seq = [s for s, _, _ in rows]
+    first = float(w[4] * (not changed))  # the first draft changes the plain step's layout
+    # Each sequence's rows (contiguous in `rows`) and, per length, the row of its best option there
+    # (what a joint upgrade takes): fixed, as an upgrade closes a whole sequence.
+    span: dict[int, tuple[int, int]] = {}
+    for r, s in enumerate(seq):
+        span[s] = (span.get(s, (r, r))[0], r + 1)
+    at = {s: i for i, s in enumerate(span)}
+    best_rows: np.ndarray | None = None  # None: one option a sequence, its best at every length
+    best_gain, best_own = gain, own
+    if len(span) < len(rows):
+        best_rows = np.array([a + gain[a:b].argmax(axis=0) for a, b in span.values()])
+        best_gain, best_own = gain[best_rows, ks], own[best_rows, ks]
+    # A row's device price by the rows a decode carries (`split`), and the padded decode's by its longest draft.
+    row_at = row * np.arange(n + len(span) * k_max + 1)
+    padded_at = w0 + row * n * (ks + 1)
 
-    def device(drafted: np.ndarray, longest: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    def device(drafted: int, longest: int, widths: int) -> float:
         """The decode's passes and rows, split (a pass per width beside the plain rows, as
         llama.cpp's split peels a run of streams) or padded to the longest draft (one pass), the
         cheaper (the step loop pads where that is cheaper)."""
-        split = w[0] * (1 + widths * (n > 1)) + row * (n + drafted)
-        padded = w[0] + row * n * (longest + 1)
+        return min(w0 * (1 + widths * (n > 1)) + row * (n + drafted), w0 + row * n * (longest + 1))
+
+    def devices(drafted: int, each: int, longest: int, widths: set[int]) -> np.ndarray:
+        """`device` for every length k of the upgrade: `each` sequences drafting k more beside
+        `drafted` rows, whose lengths take `widths`."""
+        wide = len(widths) + 1  # widths at a length no draft has yet
+        split = w0 * (1 + wide * (n > 1)) + row_at[n + drafted : n + drafted + each * k_max + 1 : each]
+        for k in widths:
+            split[k] = w0 * (1 + (wide - 1) * (n > 1)) + row_at[n + drafted + each * k]
+        padded = padded_at
+        if longest:
+            padded = padded_at.copy()
+            padded[:longest] = padded_at[longest]
         return np.minimum(split, padded)
 
     def price(sel: dict[int, int]) -> float:
@@ -137,9 +169,10 @@ def schedule(menus: list[Menu], cost: CostModel, host: HostPrice, cells: int, sl
         steps: dict[int, int] = {}
         for r, k in sel.items():
             if model[r]:
-                steps[int(group[r])] = max(steps.get(int(group[r]), 0), k)
-        dev = device(np.array(sum(sel.values())), np.array(max(sel.values())), np.array(len(set(sel.values()))))
-        return float(rest + first + dev + sum(float(own[r, k]) for r, k in sel.items()) + d[0] * sum(steps.values()))
+                steps[group[r]] = max(steps.get(group[r], 0), k)
+        ks_sel = sel.values()
+        dev = device(sum(ks_sel), max(ks_sel), len(set(ks_sel)))
+        return float(rest + first + dev + sum(float(own[r, k]) for r, k in sel.items()) + d0 * sum(steps.values()))
 
     # Greedy: take the upgrade that most raises the step's tokens per second, and price the rest
     # against it, until none does; drafts fit `budget`. An upgrade is one sequence's round, or
@@ -147,47 +180,57 @@ def schedule(menus: list[Menu], cost: CostModel, host: HostPrice, cells: int, sl
     # model drafts share their draft steps: each alone may not pay where all together do).
     sel: dict[int, int] = {}
     tokens, seconds = float(n), plain
-    open_ = np.ones(len(rows), dtype=bool)
-    while open_.any():
+    live = gain.copy()  # the open sequences' gains: a taken sequence's rows are -inf
+    alive = sorted(span)  # the open sequences
+    while alive:
         ks_sel = list(sel.values())
-        drafted, longest = sum(ks_sel), max(ks_sel, default=0)
-        widths = np.array([len(set(ks_sel) | {int(k)}) for k in ks])
-        steps_made = {int(group[r]): k for r, k in sel.items() if model[r]}
-        made = np.array([steps_made.get(int(g), 0) for g in group])[:, None]
-        steps = np.where(model[:, None], np.maximum(0, ks[None, :] - made) * d[0], 0.0)
-        now = device(np.array(drafted), np.array(longest), np.array(len(set(ks_sel))))
-        base = seconds - now - (first if sel else 0.0)
-        t = base + first + own + steps + device(drafted + ks, np.maximum(longest, ks), widths)[None, :]
-        e = tokens + gain
-        ok = open_[:, None] & np.isfinite(gain) & (ks <= budget)[None, :]
-        rate = np.where(ok, e / t, -np.inf)
-        r, k = (int(i) for i in np.unravel_index(int(np.argmax(rate)), rate.shape))
+        drafted, longest, widths = sum(ks_sel), max(ks_sel, default=0), set(ks_sel)
+        base = seconds - device(drafted, longest, len(widths)) - (first if sel else 0.0)
+        t = base + first + own
+        steps_made = {group[r]: k for r, k in sel.items() if model[r]}
+        if models:
+            made_k = np.array([[steps_made.get(g, 0)] for g in group])
+            t += np.where(flags[:, None], np.maximum(0, ks[None, :] - made_k) * d0, 0.0)
+        t += devices(drafted, 1, longest, widths)
+        e = tokens + live
+        if budget < k_max:
+            e[:, max(budget + 1, 0) :] = -np.inf  # past the budget
+        rate = e / t
+        r, k = divmod(int(rate.argmax()), k_max + 1)
         best = float(rate[r, k])
-        # Every open sequence at one length, each by its best option there.
-        pick = {}
-        for s_ in set(seq[open_].tolist()):
-            cand = np.flatnonzero(open_ & (seq == s_))
-            pick[s_] = cand[np.argmax(gain[cand], axis=0)]  # per k, the row of that sequence's best option
+        # Every open sequence at one length, each by its best option there, taken in a set's
+        # order (which the float sums below and the step's price follow).
+        joint = list(set(alive))
         joint_rate, joint_k = -np.inf, 0
-        if len(pick) > 1:
-            members = np.array(list(pick.values()))  # (sequences, k)
-            g = np.take_along_axis(gain, members, axis=0).sum(axis=0)
-            o = np.take_along_axis(own, members, axis=0).sum(axis=0)
-            m_any = np.take_along_axis(np.broadcast_to(model[:, None], gain.shape), members, axis=0).any(axis=0)
-            shared = np.maximum(0, ks - max(steps_made.values(), default=0)) * d[0]
-            jt = (base + first + o + np.where(m_any, shared, 0.0)
-                  + device(drafted + len(pick) * ks, np.maximum(longest, ks), widths))
-            jr = np.where(np.isfinite(g) & (len(pick) * ks <= budget), (tokens + g) / jt, -np.inf)
-            joint_k = int(np.argmax(jr))
+        if len(joint) > 1:
+            members = [at[s] for s in joint]
+            if members == list(range(len(span))):  # all, in order (the first upgrade): no copies
+                g, o = best_gain.sum(axis=0), best_own.sum(axis=0)
+            else:
+                g, o = best_gain[members].sum(axis=0), best_own[members].sum(axis=0)
+            jt = base + first + o
+            if models:
+                shared = np.maximum(0, ks - max(steps_made.values(), default=0)) * d0
+                drafting = flags[members][:, None] if best_rows is None else flags[best_rows[members]]
+                jt += np.where(drafting.any(axis=0), shared, 0.0)
+            jt += devices(drafted, len(joint), longest, widths)
+            jr = (tokens + g) / jt
+            if budget < len(joint) * k_max:
+                jr[max(budget // len(joint) + 1, 0) :] = -np.inf  # past the budget
+            joint_k = int(jr.argmax())
             joint_rate = float(jr[joint_k])
-        if max(best, joint_rate) <= tokens / seconds or not np.isfinite(max(best, joint_rate)):
+        if max(best, joint_rate) <= tokens / seconds or not math.isfinite(max(best, joint_rate)):
             break
-        takes = [(int(pick[s_][joint_k]), joint_k) for s_ in pick] if joint_rate > best else [(r, k)]
+        takes = [(r, k)]
+        if joint_rate > best:
+            takes = [(span[s][0] if best_rows is None else int(best_rows[at[s], joint_k]), joint_k) for s in joint]
         for r, k in takes:
             sel[r] = k
             tokens += float(gain[r, k])
             budget -= k
-            open_ &= seq != seq[r]
+            a, b = span[seq[r]]
+            live[a:b] = -np.inf
+            alive.remove(seq[r])
         seconds = price(sel)
 
     def slowest(sel: dict[int, int]) -> float:
@@ -201,6 +244,6 @@ def schedule(menus: list[Menu], cost: CostModel, host: HostPrice, cells: int, sl
         seconds = price(sel)
     tokens = n + sum(float(gain[r, k]) for r, k in sel.items())
     if sel and tokens / seconds >= need * n / plain:
-        out.choices = {rows[r][0].sid: Choice(rows[r][1].source, k, 1.0 + float(gain[r, k])) for r, k in sel.items()}
+        out.choices = {rows[r][1].sid: Choice(rows[r][2].source, k, 1.0 + float(gain[r, k])) for r, k in sel.items()}
         out.seconds, out.tokens = seconds, tokens
     return out

@@ -275,8 +275,7 @@ class Sequence:
         k_cap = int(min(self.config.n_max, self.limit - len(out) - 1, room, self.n_ctx - self.kv_len - 1))
         if k_cap < self.config.n_min:
             return ()
-        options = []
-        produced = len(out)
+        options, produced = [], len(out)
         # The tokens a catch-up is repaid over: at most `horizon` to go, times the share plain
         # steps made so far (a copying request's free sources leave a model little to speed up).
         share = 1.0 - self.tally.free_tokens / produced if produced >= 32 else 1.0
@@ -297,14 +296,16 @@ class Sequence:
         token at a draw of its own class's acceptance (Support.along: a copy that holds becomes a
         longer one)."""
         draws: dict[int, float] = {}
-        acc = np.empty(k)
+        held, total, out = 1.0, 0.0, [1.0]  # floats: numpy's calls cost more than a few k's products
         for j in range(k):
             s = support if support.along is None else support.along(j)
             a = draws.get(s.cls)
             if a is None:
                 a = draws[s.cls] = self.evidence.draw(name, s)
-            acc[j] = a
-        return np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(acc))))
+            held *= a  # the chance the draft holds through token j
+            total += held
+            out.append(1.0 + total)
+        return np.array(out)
 
     def rows(self, choice: Choice = PLAIN, budget: int | None = None) -> Rows | Ask:
         """The rows to score next, for the round the step chose (engine.schedule). Where the round
