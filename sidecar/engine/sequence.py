@@ -428,10 +428,9 @@ class Sequence:
             self.result.prompt_seconds = now - self._t0
 
     def say(self) -> list[Item]:
-        """The output of the tokens `take` committed since: text held back while it may grow into
-        a stop string, and logprobs before the text they describe. A stop string ends the
-        generation where it completes; tokens committed after it are not output (they were
-        verified in the same round or, where the step loop overlaps, scored in the next)."""
+        """The output of the tokens `take` committed since: text held back while it may grow into a
+        stop string, logprobs before their text. A stop string ends the generation where it
+        completes; tokens committed after it (in its round) are not output."""
         items: list[Item] = []
         unsaid, self._unsaid = self._unsaid, []
         for i, (raw, logprob) in enumerate(unsaid):
