@@ -198,9 +198,8 @@ def schedule(menus: list[Menu], cost: CostModel, host: HostPrice, cells: int, sl
         rate = e / t
         r, k = divmod(int(rate.argmax()), k_max + 1)
         best = float(rate[r, k])
-        # Every open sequence at one length, each by its best option there, taken in a set's
-        # order (which the float sums below and the step's price follow).
-        joint = list(set(alive))
+        # Every open sequence at one length, each by its best option there, in menu order.
+        joint = list(alive)
         joint_rate, joint_k = -np.inf, 0
         if len(joint) > 1:
             members = [at[s] for s in joint]
