@@ -521,9 +521,9 @@ def test_the_first_token_comes_from_the_chunk_that_ends_the_prompt(weights: Weig
     widths: list[list[int]] = []
     decode = b.ctx.decode_many
 
-    def counted(parts: list[tuple[int, list[int], int]], copy: bool = True) -> list[object]:
+    def counted(parts: list[tuple[int, list[int], int]], copy: bool = True, meanwhile: object = None) -> list[object]:
         widths.append([len(t) for _, t, _ in parts])
-        return decode(parts, copy)  # type: ignore[return-value]
+        return decode(parts, copy, meanwhile)  # type: ignore[arg-type, return-value]
 
     b.ctx.decode_many = counted  # type: ignore[method-assign]
     try:
@@ -555,9 +555,9 @@ def test_drafts_fit_n_batch_beside_the_other_sequences(weights: Weights) -> None
     widths: list[int] = []
     decode = b.ctx.decode_many
 
-    def counted(parts: list[tuple[int, list[int], bool]], copy: bool = True) -> list[object]:
+    def counted(parts: list[tuple[int, list[int], bool]], copy: bool = True, meanwhile: object = None) -> list[object]:
         widths.append(sum(len(t) for _, t, _ in parts))
-        return decode(parts, copy)  # type: ignore[return-value]
+        return decode(parts, copy, meanwhile)  # type: ignore[arg-type, return-value]
 
     b.ctx.decode_many = counted  # type: ignore[method-assign]
     try:
@@ -597,9 +597,9 @@ def test_each_decode_teaches_the_cost_model_its_layout(weights: Weights) -> None
     decode = b.ctx.decode_many
     before: list[int] = []
 
-    def counted(parts: list[tuple[int, list[int], bool]], copy: bool = True) -> list[object]:
+    def counted(parts: list[tuple[int, list[int], bool]], copy: bool = True, meanwhile: object = None) -> list[object]:
         before[:] = [max(len(b.ctx.held(sid)) for sid in b.loop.running), sum(len(t) for _, t, _ in parts)]
-        return decode(parts, copy)  # type: ignore[return-value]
+        return decode(parts, copy, meanwhile)  # type: ignore[arg-type, return-value]
 
     def spy(layout: Layout, seconds: float) -> None:
         seen.append((layout, *before))

@@ -346,7 +346,7 @@ class StepLoop:
         flying = {sid for sid, _ in parts}
         t = time.perf_counter()
         try:  # each sequence reads its rows before the next decode (copy=False)
-            logits = target.decode_many(batch, copy=False, **({"meanwhile": emit} if self.overlap else {}))
+            logits = target.decode_many(batch, copy=False, meanwhile=emit if self.overlap else None)
         except BaseException as e:  # the decode failed: every sequence in it fails
             for sid, _ in parts:
                 if sid in self.running:
