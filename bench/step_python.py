@@ -28,6 +28,10 @@ and the decode seconds as a check that both did the same work.
     .venv/bin/python bench/step_python.py --old-rev 044a37f [--n 1,2,4,8] [--modes plain,ngram,suffix,model]
         [--reps 2] [--tokens 128] [--models smollm2,gemma] [--overlap]
 
+`--prices gpu` decides from a GPU's prices instead of 2 CPU cores': a row costs 3% of a step and a
+draft model's step a fifth of the target's, so the model draft is taken even at N = 1 and its draft
+steps' host work shows (the decodes themselves still run on this CPU, and count as the device's).
+
 `--overlap` runs this tree's loop as on a GPU (engine.step, StepLoop.overlap: the last step's
 text, stop strings, finished requests and their suffix-cache lessons are done between launching a
 decode and reading its logits) and prints "new waits", the host time per step that a GPU's decode
@@ -54,9 +58,13 @@ T1 = 0.016  # the fixed curve: a one-row step (s) ...
 ROW = 0.70  # ... and what each further row adds, in one-row steps (SmolLM2 on 2 cores measures ~0.7)
 SHARED, BESIDE, DEPTH = 1.25, 1.3, 0.05  # factors as a daemon learns them at N = 4 on 2 cores
 T_DRAFT = 0.004  # a model draft step's fixed price (s): a quarter of the target's step
+# `--prices gpu`: a GPU's shape, where a row costs little beside the pass (an 8B Q4 step ~6 ms, a row
+# ~3% of it) and a draft model's step a fifth of the target's, so model drafts are taken at N = 1
+GPU_T1, GPU_ROW, GPU_T_DRAFT = 0.006, 0.03, 0.0012
 MODES = ("plain", "ngram", "suffix", "model")
 THREADS = int(os.environ.get("STEP_THREADS", "1"))  # llama.cpp threads of the decodes
 OVERLAP = os.environ.get("STEP_OVERLAP") == "1"  # this tree's loop as on a GPU (`--overlap`)
+GPU_PRICES = os.environ.get("STEP_PRICES") == "gpu"  # `--prices gpu`
 
 
 def gemma_path() -> Path:
@@ -150,8 +158,9 @@ def child(n: int, mode: str, model: str, tokens: int, out: Path) -> None:
     draft_ctx = Context(weights, params) if mode == "model" else None
     loop = StepLoop(ctx, overlap=True) if OVERLAP else StepLoop(ctx)
     cost = CostModel(65)
-    cost.t_step = [0.0] + [T1 * (1 + ROW * (k - 1)) for k in range(1, 66)]
-    cost.t_draft, cost.t_catchup = T_DRAFT, T_DRAFT / 4
+    t1, row, t_draft = (GPU_T1, GPU_ROW, GPU_T_DRAFT) if GPU_PRICES else (T1, ROW, T_DRAFT)
+    cost.t_step = [0.0] + [t1 * (1 + row * (k - 1)) for k in range(1, 66)]
+    cost.t_draft, cost.t_catchup = t_draft, t_draft / 4
     if fitted:  # the fit's seed, held: the observations still run (and cost the host), the prices stay
         cost.seed()
         cost.fixed = True
@@ -197,6 +206,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--models", default="smollm2", help="of smollm2, gemma (Gemma-3-270M: a 262k vocabulary)")
+    ap.add_argument("--prices", choices=("cpu", "gpu"), default="cpu",
+                    help="the fixed prices: 2 CPU cores' (rows cost ~0.7 of a step) or a GPU's (module docstring)")
     ap.add_argument("--overlap", action="store_true",
                     help="run this tree's loop as on a GPU (StepLoop.overlap) and print what a step waits for")
     args = ap.parse_args()
@@ -215,7 +226,7 @@ def main() -> None:
                 for name in list(roots)[rep % 2:] + list(roots)[: rep % 2]:  # alternating which goes first
                     out = Path(tmp) / f"{name}-{rep}.json"
                     env = {**os.environ, "PYTHONPATH": str(roots[name]),
-                           "STEP_OVERLAP": "1" if args.overlap and name == "new" else "0"}
+                           "STEP_OVERLAP": "1" if args.overlap and name == "new" else "0", "STEP_PRICES": args.prices}
                     subprocess.run([sys.executable, __file__, "--child", str(n), mode, model, str(args.tokens),
                                     str(out)], env=env, cwd=roots[name], check=True)  # fmt: skip
                     rows = json.loads(out.read_text())
@@ -226,7 +237,8 @@ def main() -> None:
                          statistics.median(r[1] - (r[3] if len(r) > 3 else 0.0) for r in rows)))
                 print(f"rep {rep} {model} {mode} N={n}: " + ", ".join(
                     f"{name} {1e3 * got[(model, mode, n, name)][-1][0]:.3f} ms" for name in roots), flush=True)
-    print(f"\n{args.tokens} tokens a stream, {args.reps} reps; old = {args.old_rev}; ms a step outside llama_decode")
+    print(f"\n{args.tokens} tokens a stream, {args.reps} reps; old = {args.old_rev}; {args.prices} prices; "
+          "ms a step outside llama_decode")
     # A step's host time grows with its rows (every drafted row is verified on the host), so where a
     # revision drafts longer it makes fewer, heavier steps: the host's time per emitted token says
     # which does less work for the same output.
