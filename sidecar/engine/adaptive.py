@@ -15,7 +15,7 @@ class SpeculativeConfig:
 
     n_max: int = 8  # longest draft per round
     n_min: int = 1  # shorter drafts are not worth a round
-    p_min: float = 0.5  # model drafter stops when its top probability is below this
+    p_min: float = 0.5  # a sampled model draft stops where its q's top probability is below this
     min_predict: int = 16  # num_predict below this runs target-only from the start
     fallback_margin: float = 0.97  # no stream's step may fall below this share of a plain step's progress
     min_gain: float = 1.05  # predicted speed-up of a step to start drafting (keeping on needs > 1)
