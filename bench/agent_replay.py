@@ -306,8 +306,22 @@ def stream(url: str, messages: list[dict[str, Any]], max_tokens: int, system: st
             "input": usage.get("input_tokens", 0), "cached": usage.get("cache_read_input_tokens", 0)}
 
 
-def replay(urls: dict[str, str], rep: int, turns: int, cold_turns: int,
+def last_request(daemon: Daemon) -> dict[str, Any]:
+    """The daemon's summary line of its latest generation (api/respond.py log_request): what it
+    drafted, from which source, how much was accepted, and why it fell back, if it did."""
+    for line in reversed(daemon.log().splitlines()):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("event") == "request" and "draft_sources" in rec:
+            return {k: rec.get(k) for k in ("draft_rounds", "draft_sources", "fallback", "withdrawn")}
+    return {}
+
+
+def replay(daemons: dict[str, Daemon], rep: int, turns: int, cold_turns: int,
            prefill_lines: int) -> list[dict[str, Any]]:
+    urls = {side: d.url for side, d in daemons.items()}
     history: list[dict[str, Any]] = [{"role": "user", "content": "Open utils.py, I want to work on it."},
                                      tool_call("toolu_read", "read_file", {"path": "utils.py"})]
     rows = []
@@ -333,13 +347,14 @@ def replay(urls: dict[str, str], rep: int, turns: int, cold_turns: int,
         # how long it drafts): docs/design/scheduler.md.
         beliefs = [m.get("cost") for m in httpx.get(urls["ngram"] + "/sidecar/status", timeout=T).json()["models"]]
         measured = {f"{s}_{k}": v for s in order for k, v in got[s].items() if k != "text"}
+        drafts = last_request(daemons["ngram"])
         rows.append({"turn": i + 1, "kind": kind, "prefilled": bool(opening), "same_text": same,
                      "cold_ttft": cold["ttft"], "prompt": cold["input"] + cold["cached"], **measured,
-                     "answer": opening + got["ngram"]["text"], "cost": beliefs})
+                     "answer": opening + got["ngram"]["text"], "cost": beliefs, "drafts": drafts})
         print(f"rep {rep} turn {i + 1} {kind:6} prompt {rows[-1]['prompt']:5} | ngram {got['ngram']['tok_s']:6.1f} "
               f"tok/s ttft {got['ngram']['ttft']:6.2f}s | plain {got['plain']['tok_s']:6.1f} tok/s ttft "
               f"{got['plain']['ttft']:6.2f}s | cold ttft {cold['ttft']:6.2f}s | out {got['ngram']['tokens']}"
-              f"{'' if same else ' (texts differ)'}", flush=True)
+              f"{'' if same else ' (texts differ)'} | drafts {drafts}", flush=True)
         history.append({"role": "assistant", "content": opening + got["ngram"]["text"] or "(no answer)"})
     return rows
 
@@ -368,8 +383,7 @@ def main() -> None:
                     # A cold prefill of a later turn's history takes minutes on a CPU, past Ollama's
                     # default keep_alive of 5 minutes: an unload would make the next turn cold too.
                     daemons[side] = Daemon(cfg, env={"OLLAMA_KEEP_ALIVE": "-1"})
-                urls = {s: d.url for s, d in daemons.items()}
-                rows += [{"rep": rep, **r} for r in replay(urls, rep, args.turns, args.cold_turns,
+                rows += [{"rep": rep, **r} for r in replay(daemons, rep, args.turns, args.cold_turns,
                                                            args.prefill_lines if args.prefill else 0)]
             finally:
                 for d in daemons.values():
