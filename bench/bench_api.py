@@ -33,7 +33,7 @@ import ollama
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sidecar.engine.llama import default_threads  # noqa: E402
+from sidecar.engine.backend import default_threads  # noqa: E402
 from sidecar.models.resolve import resolve  # noqa: E402
 from tests.conftest import Daemon  # noqa: E402
 

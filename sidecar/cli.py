@@ -258,8 +258,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _print_backend() -> None:
     """The backend this build runs on (where the layers go: the memory plan below it)."""
+    from sidecar.engine.backend import gpu_offload_supported, system_info
     from sidecar.engine.kernels import build_warnings
-    from sidecar.engine.llama import gpu_offload_supported, system_info
 
     gpu = gpu_offload_supported()
     # system_info() reads "CUDA : ARCHS = 900 | ... | CPU : SSE3 = 1 | ...": a backend opens each group.

@@ -140,12 +140,13 @@ async def test_a_chat_runs_on_another_engine(aiohttp_client: Factory, runtime: R
 
     ps = await (await client.get("/api/ps")).json()
     assert [(m["name"], m["context_length"], m["size_vram"]) for m in ps["models"]] == [("fake:test", 256, 0)]
-    assert ps["models"][0]["sidecar"] == {"parallel": 1, "busy": 0, "rows_per_step": 0.0, "cached_tokens": 0}
+    assert ps["models"][0]["sidecar"] == {"parallel": 1, "busy": 0, "rows_per_step": 0.0, "cached_tokens": 0,
+                                          "restored_tokens": 0}
     status = await (await client.get("/sidecar/status")).json()
     assert status["models"][0] | {"expires_in": None} == {
         "target": "fake", "context_length": 256, "parallel": 1, "pairs": ["fake:test"], "in_flight": 0,
-        "busy": 0, "rows_per_step": 0.0, "cached_tokens": 0, "withdrawn_drafts": 0, "joint_drafts": 0,
-        "cost_curve": "measured",
+        "busy": 0, "rows_per_step": 0.0, "cached_tokens": 0, "restored_tokens": 0, "host_cache_mib": 0.0,
+        "withdrawn_drafts": 0, "joint_drafts": 0, "cost_curve": "measured",
         "expires_in": None}
     assert status["pairs"][0]["capabilities"] == ["completion", "thinking"]
 

@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 
 from sidecar.engine.adaptive import SpeculativeConfig
+from sidecar.engine.backend import system_info
 from sidecar.engine.cost import CostModel
 from sidecar.engine.decoder import Decoder, Request, Result
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from sidecar.engine.kernels import build_warnings, file_type, repack_is_exact
-from sidecar.engine.llama import Context, ContextParams, Weights, system_info
+from sidecar.engine.llama import Context, ContextParams, Weights
 from sidecar.engine.sampling import SamplingParams
 from tests.stats import chi_square_same_distribution
 

@@ -23,9 +23,10 @@ pytestmark = pytest.mark.model
 LOAD = """
 import ctypes, json, sys
 import llama_cpp as C
-from sidecar.engine.llama import Context, ContextParams, Weights, _init_backend
+from sidecar.engine.llama import Context, ContextParams, Weights
+from sidecar.engine.backend import init_backend
 
-_init_backend()
+init_backend()
 lines = []
 @C.llama_log_callback
 def cb(level, text, user):

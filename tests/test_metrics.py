@@ -42,6 +42,7 @@ class FakeServed:
     rows: int = 0
     tokens: int = 0
     cached_tokens: int = 0
+    host_cache_bytes: int = 0
     withdrawn: int = 0
     together: int = 0
     waiting_interactive: int = 0
@@ -157,7 +158,7 @@ async def test_models_config_upstream(aiohttp_client: Factory) -> None:
     assert s['sidecar_config_reloads_total{result="failure"}'] == 0
 
     # Two pairs riding on one target.
-    shared = FakeServed(busy=2, steps=10, rows=35, tokens=40, cached_tokens=900, withdrawn=4, together=6,
+    shared = FakeServed(busy=2, steps=10, rows=35, tokens=40, cached_tokens=900, host_cache_bytes=2**20, withdrawn=4, together=6,
                         waiting_interactive=1, waiting_background=2)
     rt.pending = 3  # the two running on it, and one waiting
     rt.loaded = [(FakeEntry("a:1"), shared), (FakeEntry("b:1"), shared), (FakeEntry("c:1"), FakeServed())]
@@ -177,6 +178,7 @@ async def test_models_config_upstream(aiohttp_client: Factory) -> None:
     assert (s['sidecar_batch_rows_total{model="a:1"}'], s['sidecar_batch_steps_total{model="a:1"}']) == (35, 10)
     assert s['sidecar_batch_tokens_total{model="b:1"}'] == 40
     assert s['sidecar_prefix_cache_tokens{model="a:1"}'] == 900
+    assert s['sidecar_host_cache_bytes{model="a:1"}'] == 2**20
     assert s['sidecar_batch_withdrawn_drafts{model="b:1"}'] == 4
     assert s['sidecar_batch_joint_drafts{model="b:1"}'] == 6
     assert s['sidecar_batch_waiting{class="interactive",model="a:1"}'] == 1

@@ -74,6 +74,8 @@ def models(rt: Runtime) -> list[dict[str, Any]]:
             "busy": s.busy,  # sequences in its batch now
             "rows_per_step": round(s.rows / s.steps, 2) if s.steps else 0.0,
             "cached_tokens": s.cached_tokens,  # prompt tokens the prefix cache saved
+            "restored_tokens": s.restored_tokens,  # ... of which loaded back from host memory
+            "host_cache_mib": round(s.host_cache_bytes / 2**20, 1),  # prompts kept there (runtime.cache_ram)
             "withdrawn_drafts": s.withdrawn,  # rounds the schedule ran plain though a draft was ready
             "joint_drafts": s.together,  # model drafts made in one batch with another sequence's
             "cost_curve": s.cost_curve,  # cached, measured, or provisional (disturbed: online estimates take over)

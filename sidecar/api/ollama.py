@@ -130,7 +130,7 @@ async def ps(request: web.Request) -> web.Response:
         # Not Ollama's: the batch the target decodes (README, Concurrency), under a key of its own.
         item["sidecar"] = {"parallel": s.parallel, "busy": s.busy,
                            "rows_per_step": round(s.rows / s.steps, 2) if s.steps else 0.0,
-                           "cached_tokens": s.cached_tokens}
+                           "cached_tokens": s.cached_tokens, "restored_tokens": s.restored_tokens}
         if s.host_share is not None:  # the step loop's own time, of its recent steps' (engine.hosttime)
             item["sidecar"]["host_share"] = round(s.host_share, 3)
         models.append(item)

@@ -24,7 +24,7 @@ from pydantic import (
 
 from sidecar.config.options import OptionError, Options
 from sidecar.engine.adaptive import NGRAM_N_MAX, SpeculativeConfig
-from sidecar.engine.llama import gpu_offload_supported
+from sidecar.engine.backend import gpu_offload_supported
 
 UpstreamKind = Literal["auto", "ollama", "lmstudio"]
 """What the upstream is: `auto` asks it (Ollama answers /api/version), or either by name."""
@@ -129,6 +129,9 @@ class Runtime(LoadSettings):
     one batch, each on a KV stream of num_ctx positions of the one context (and of the draft's)."""
 
     num_parallel: int | None = Field(None, ge=1, le=64)
+    # MiB of host memory for prompts' KV cells that a new prompt takes the stream of, loaded back
+    # when a later prompt shares more with them (engine.hostcache); llama-server's --cache-ram. 0: off.
+    cache_ram: int = Field(8192, ge=0)
 
 
 class NgramDraft(Strict):

@@ -13,7 +13,7 @@ import ctypes
 import functools
 from pathlib import Path
 
-from sidecar.engine.llama import gpu_offload_supported
+from sidecar.engine.backend import gpu_offload_supported
 
 # enum ggml_backend_dev_type (ggml-backend.h)
 _CPU, _GPU, _IGPU, _ACCEL = 0, 1, 2, 3

@@ -11,10 +11,6 @@ Nothing here is thread-safe: one worker thread owns each Context (see runtime.ll
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
-import os
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +18,9 @@ from pathlib import Path
 import llama_cpp as C
 import numpy as np
 
+from sidecar.engine.backend import default_threads, gpu_offload_supported, init_backend
 from sidecar.engine.hosttime import on_device
 from sidecar.engine.kernels import file_type, repack_is_exact
-
-_backend_lock = threading.Lock()
-_backend_ready = False
-_log_callback: object = None  # keeps the ctypes callback alive
 
 
 class EngineError(RuntimeError):
@@ -36,52 +29,6 @@ class EngineError(RuntimeError):
 
 class ContextFull(EngineError):
     """The KV cache has no room for the batch (llama_decode returned 1)."""
-
-
-def _init_backend() -> None:
-    global _backend_ready, _log_callback
-    with _backend_lock:
-        if _backend_ready:
-            return
-        C.llama_backend_init()
-        # llama.cpp logs every tensor at load; keep warnings and errors only (level 3 = WARN, 4 = ERROR).
-        import logging
-
-        log = logging.getLogger("llama.cpp")
-
-        @C.llama_log_callback
-        def _cb(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-            if level in (3, 4) and text:
-                log.warning(text.decode("utf-8", "replace").rstrip())
-
-        _log_callback = _cb
-        C.llama_log_set(_cb, ctypes.c_void_p(0))
-        _backend_ready = True
-
-
-def default_threads() -> int:
-    """CPUs this process may run on (respects taskset/cgroup affinity)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def gpu_offload_supported() -> bool:
-    _init_backend()
-    return bool(C.llama_supports_gpu_offload())
-
-
-def system_info() -> str:
-    _init_backend()
-    return C.llama_print_system_info().decode("utf-8", "replace").strip()
-
-
-@functools.cache
-def backend_id() -> str:
-    """A short hash of system_info(): the build and the backends (CPU features, GPUs) it runs on, which
-    every timing kept between runs (cost curves, probes) is measured under."""
-    return hashlib.sha256(system_info().encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -102,7 +49,7 @@ class Weights:
 
     def __init__(self, path: str | Path, *, n_gpu_layers: int = -1, use_mmap: bool = True,
                  vocab_only: bool = False) -> None:
-        _init_backend()
+        init_backend()
         self.path = Path(path)
         params = C.llama_model_default_params()
         params.vocab_only = vocab_only  # the vocabulary and hyperparameters only: no tensor is touched
@@ -227,6 +174,14 @@ class _Held:
     fresh: int = 0
 
 
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """A sequence's KV cells in host memory (llama_state_seq_get_data) and the tokens they hold."""
+
+    tokens: list[int]
+    data: np.ndarray  # bytes (uint8)
+
+
 class Context:
     """A KV pool over shared Weights, holding `n_seq` sequences (ids 0..n_seq-1) of up to `n_ctx`
     positions each, plus the tokens each holds.
@@ -328,6 +283,25 @@ class Context:
         C.llama_memory_seq_rm(self.memory, dst, n, -1)
         d.tokens = s.tokens[:n]
         d.fresh = min(s.fresh, n)
+
+    def save(self, seq: int) -> Snapshot:
+        """Sequence `seq`'s fresh prefix and its cells, copied to host memory (engine.hostcache)."""
+        self.truncate(self._held[seq].fresh, seq)  # a shifted tail's cells are not a prefill's
+        data = np.empty(C.llama_state_seq_get_size(self.ctx, seq), dtype=np.uint8)  # not zeroed: ~GBs on a GPU
+        got = C.llama_state_seq_get_data(self.ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), data.size, seq)
+        return Snapshot(list(self._held[seq].tokens), data[:got])
+
+    def restore(self, seq: int, snap: Snapshot) -> bool:
+        """Make `seq` hold what `snap` saved (what it held is dropped); False where llama.cpp
+        could not place the cells, and then `seq` holds nothing."""
+        C.llama_memory_seq_rm(self.memory, seq, -1, -1)  # empty: the cells go in from cell 0
+        h = self._held[seq]
+        h.tokens, h.fresh = [], 0
+        src = snap.data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        if not C.llama_state_seq_set_data(self.ctx, src, snap.data.size, seq):
+            return False
+        h.tokens, h.fresh = list(snap.tokens), len(snap.tokens)
+        return True
 
     def set_threads(self, n: int) -> None:
         """Decode with n threads from now on (0: the count the context was made with)."""

@@ -25,19 +25,13 @@ What a step does (the design page, docs/design/scheduler.md, walks one through):
    On a GPU the saying waits for the next step and runs while that step's decode computes
    (`overlap`): the next rows need the tokens, not their text.
 
-Losslessness: each sequence's stream starts at cell 0 and holds only its own positions, so its
-rows read the same cells in the same order as when it runs alone, and llama.cpp's CPU kernels
-score a row independently of the rows beside it (README, Losslessness). A unified pool would put
-a sequence's cells wherever the others left room, which changes its logits (measured: up to 0.64
-on SmolLM2), so greedy output would part from the target alone.
+Losslessness: each sequence's stream starts at cell 0 and holds only its own positions, so its rows
+read the same cells in the same order as alone (a unified pool would not: docs/design/losslessness.md).
 
-The prefix cache: a finished sequence's stream keeps what it held. A new sequence goes to the free
-stream that holds the most of its prompt when that is at least half of what the stream holds (the
-same conversation one turn later) or all of the prompt (the same question again); otherwise to the
-stream used least recently, so a short side request (a title, tags) does not evict the
-conversation it sits beside. If another stream, busy or
-free, holds more of the prompt, its prefix is copied over (llama_memory_seq_cp) instead of
-prefilled: two clients with one long system prompt.
+The prefix cache (`_place`; docs/design/kv-layout.md): a finished sequence's stream keeps what it
+held, a new prompt goes to the free stream that holds the most of it (else the least recently
+used), another stream's longer prefix is copied in (llama_memory_seq_cp), and what a prompt drops
+is kept in host memory to be loaded back later (engine.hostcache).
 """
 
 from __future__ import annotations
@@ -50,6 +44,7 @@ from dataclasses import dataclass
 
 from sidecar.engine.cost import CostModel, Layout
 from sidecar.engine.drafters import ModelDrafter, common_prefix, propose_together
+from sidecar.engine.hostcache import HostCache
 from sidecar.engine.hosttime import HostTime, device_seconds
 from sidecar.engine.layout import passes, runs
 from sidecar.engine.llama import Context
@@ -71,6 +66,7 @@ class Stats:
     tokens: int = 0  # tokens the sequences emitted, over all steps (live, where a Result counts at the end)
     cached_tokens: int = 0  # prompt tokens reused from a stream's cache instead of prefilled
     copied_tokens: int = 0  # ... of which copied from another stream
+    restored_tokens: int = 0  # ... of which loaded back from host memory (engine.hostcache)
     withdrawn: int = 0  # rounds the schedule ran plain though a draft was ready (engine.schedule)
     together: int = 0  # model drafts made in one batch with another sequence's (drafters.propose_together)
 
@@ -82,8 +78,9 @@ Publish = Callable[[list[Output]], None]
 class StepLoop:
     """Steps the sequences on one target context together; owns the context (one thread at a time)."""
 
-    def __init__(self, target: Context, overlap: bool | None = None) -> None:
+    def __init__(self, target: Context, overlap: bool | None = None, host_cache: HostCache | None = None) -> None:
         self.target = target
+        self.host_cache = host_cache  # prompts' cells kept in host memory when their stream is reused
         # Say the verified tokens' text while the next decode runs (`_emit`), where llama_decode
         # returns before the device is done: a GPU's. On a CPU the decode is synchronous, so the
         # text would only come a step later.
@@ -150,7 +147,13 @@ class StepLoop:
         sid = max(fits, key=lambda s: (match(s), -s)) if fits else min(free, key=lambda s: self._used[s])
         have = match(sid)
         src = max((s for s in range(target.n_seq) if s != sid), key=match, default=None)
-        if src is not None and (got := match(src)) >= max(have + MIN_COPY, MIN_COPY):
+        got = match(src) if src is not None else 0
+        cache = self.host_cache
+        if cache is not None and (restored := cache.exchange(target, sid, prompt, have, max(have, got) + MIN_COPY)):
+            self.stats.restored_tokens += restored
+            return sid
+        have = match(sid)  # again: a save keeps only the fresh cells, a failed load none
+        if src is not None and got >= max(have + MIN_COPY, MIN_COPY):
             target.copy(src, sid, got)
             self.stats.copied_tokens += min(got, len(prompt) - 1)
         return sid
@@ -161,10 +164,8 @@ class StepLoop:
         slowly); returns each one's output. A sequence that is done gives its last output and
         Result and leaves; one that failed gives its exception and leaves. Where the loop overlaps,
         the output of the last step's tokens is made while this step's decode runs, and handed to
-        `publish` then (if given) rather than returned.
-
-        A step that decoded is timed: its wall time, and the host's part, all but the seconds in
-        llama_decode and waiting for its results (engine.hosttime)."""
+        `publish` then (if given) rather than returned. A step that decoded is timed: its wall
+        time, and the host's part, all but llama_decode and waiting for it (engine.hosttime)."""
         t0, d0 = time.perf_counter(), device_seconds()
         self._held_step = None
         out = self._step(skip, publish)

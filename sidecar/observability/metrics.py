@@ -148,6 +148,8 @@ class _RuntimeCollector:
         cached = GaugeMetricFamily(f"{PREFIX}_prefix_cache_tokens",
                                    "Prompt tokens the pair's target took from its prefix cache since it loaded.",
                                    labels=["model"])
+        host_cache = GaugeMetricFamily(f"{PREFIX}_host_cache_bytes", "Host memory the pair's target's kept prompts "
+                                       "take (runtime.cache_ram).", labels=["model"])
         withdrawn = GaugeMetricFamily(f"{PREFIX}_batch_withdrawn_drafts",
                                       "Drafts the pair's target's shared steps took back since it loaded: "
                                       "another stream in the step could not afford them.", labels=["model"])
@@ -186,6 +188,7 @@ class _RuntimeCollector:
                 busy.add_metric([entry.name], float(st.busy))
                 width.add_metric([entry.name], st.rows / st.steps if st.steps else 0.0)
                 cached.add_metric([entry.name], float(st.cached_tokens))
+                host_cache.add_metric([entry.name], float(st.host_cache_bytes))
                 withdrawn.add_metric([entry.name], float(st.withdrawn))
                 together.add_metric([entry.name], float(st.together))
                 rows.add_metric([entry.name], float(st.rows))
@@ -203,20 +206,8 @@ class _RuntimeCollector:
         else:
             queue.add_metric([], 0.0)
             targets.add_metric([], 0.0)
-        yield queue
-        yield loaded
-        yield targets
-        yield busy
-        yield width
-        yield cached
-        yield withdrawn
-        yield together
-        yield rows
-        yield steps
-        yield emitted
-        yield waiting
-        yield step_hist
-        yield host_hist
+        yield from (queue, loaded, targets, busy, width, cached, host_cache, withdrawn, together, rows, steps, emitted,
+                    waiting, step_hist, host_hist)
 
 
 class Metrics:

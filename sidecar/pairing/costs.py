@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sidecar.engine.llama import backend_id
+from sidecar.engine.backend import backend_id
 from sidecar.models.cache import FileCache
 from sidecar.storage import KeyedCache, cache_dir
 

@@ -51,10 +51,11 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.engine.adaptive import SpeculativeConfig, expected_tokens, round_seconds
+from sidecar.engine.backend import backend_id, default_threads
 from sidecar.engine.cost import CostModel
 from sidecar.engine.decoder import Decoder, Request, Result
 from sidecar.engine.drafters import ModelDrafter
-from sidecar.engine.llama import Context, ContextParams, Weights, backend_id, default_threads
+from sidecar.engine.llama import Context, ContextParams, Weights
 from sidecar.engine.sampling import SamplingParams
 from sidecar.engine.timing import prior_curve
 from sidecar.models.cache import FileCache

@@ -189,6 +189,8 @@ class ModelStatus:
     rows: int = 0  # rows those decodes held (rows / steps: the batch's mean width)
     tokens: int = 0  # tokens its sequences emitted so far, counted as they come (sidecar top's tok/s)
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of prefilled
+    restored_tokens: int = 0  # ... of which loaded back from host memory (engine.hostcache)
+    host_cache_bytes: int = 0  # what the prompts kept in host memory take
     withdrawn: int = 0  # rounds its schedule ran plain though a draft was ready (engine.schedule)
     together: int = 0  # model drafts made in one batch with another sequence's (drafters.propose_together)
     waiting_interactive: int = 0  # streamed requests waiting for a free sequence (runtime.admission)

@@ -13,8 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sidecar.engine.backend import backend_id, default_threads
 from sidecar.engine.cost import CostModel
-from sidecar.engine.llama import Context, backend_id, default_threads
+from sidecar.engine.llama import Context
 from sidecar.engine.seqview import SeqView
 from sidecar.models.cache import FileCache
 from sidecar.storage import KeyedCache, cache_dir

@@ -20,12 +20,14 @@ from pathlib import Path
 from sidecar.config.entries import PairEntry
 from sidecar.config.schema import ModelDraft
 from sidecar.engine.adaptive import SpeculativeConfig
+from sidecar.engine.backend import default_threads, gpu_offload_supported, system_info
 from sidecar.engine.cost import CostModel
 from sidecar.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from sidecar.engine.evidence import Evidence
+from sidecar.engine.hostcache import HostCache
 from sidecar.engine.hybrid import HybridDrafter
 from sidecar.engine.kernels import build_warnings
-from sidecar.engine.llama import Context, ContextParams, Weights, default_threads, gpu_offload_supported, system_info
+from sidecar.engine.llama import Context, ContextParams, Weights
 from sidecar.engine.seqview import SeqView
 from sidecar.engine.step import StepLoop
 from sidecar.engine.suffix import SuffixDrafter
@@ -101,6 +103,8 @@ class Loaded:
         return ModelStatus(str(self.weights.path), self.n_ctx, self.ctx.n_seq, tuple(sorted(self.pairs)),
                            self.weights.gpu_layers, self.curve, busy=len(loop.running), steps=stats.steps,
                            rows=stats.rows, tokens=stats.tokens, cached_tokens=stats.cached_tokens,
+                           restored_tokens=stats.restored_tokens,
+                           host_cache_bytes=loop.host_cache.size if loop.host_cache is not None else 0,
                            withdrawn=stats.withdrawn, together=stats.together,
                            waiting_interactive=interactive, waiting_background=background,
                            step_seconds=loop.host.step.cumulative(), host_seconds=loop.host.host.cumulative(),
@@ -145,7 +149,7 @@ def load_target(registry: WeightsRegistry, entry: PairEntry, n_ctx: int, n_seq: 
     except Exception:
         registry.release(weights)
         raise
-    loop = StepLoop(ctx)
+    loop = StepLoop(ctx, host_cache=HostCache(rt.cache_ram * 2**20) if rt.cache_ram else None)
     lm = Loaded(weights, ctx, loop, Batcher(entry.name, loop), num_gpu=layers)
     if plan is not None and plan.draft is not None:
         lm.draft_layers[entry.name] = plan.draft.gpu_layers

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sidecar.engine.llama import Weights, gpu_offload_supported
+from sidecar.engine.backend import gpu_offload_supported
+from sidecar.engine.llama import Weights
 
 log = logging.getLogger("sidecar.runtime")
 
