@@ -184,8 +184,10 @@ def main() -> None:
             asyncio.run(one_round(srv.url, args, WARM_QUESTIONS))
         for rep in range(args.reps):
             # Each round's chats are new ones (as three users starting chats): no answer is in a cache
-            # from an earlier round, only the system prompt and tools they share.
-            questions = tuple(f"{q} (chat {rep + 1})" for q in QUESTIONS)
+            # from an earlier round, only the system prompt and tools they share. Each round's
+            # questions are longer than the last's: the cut keeps the head and the newest tokens, so
+            # same-length questions would share all but their last tokens with the round before.
+            questions = tuple(f"{q} (chat {rep + 1}{', again' * rep})" for q in QUESTIONS)
             for srv in servers if rep % 2 == 0 else servers[::-1]:
                 r = asyncio.run(one_round(srv.url, args, questions))
                 rounds[srv.config.name].append(r)
