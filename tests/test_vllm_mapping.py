@@ -98,7 +98,12 @@ def test_the_server_command_carries_the_pair(folder: Path) -> None:
     assert pairs["--dtype"] == "float32"
     assert "--enforce-eager" in args and "--speculative-config" not in args
     assert args[-2:] == ["--seed", "1"]
+    assert pairs["--scheduling-policy"] == "priority" and command.by_priority(e)  # interactive first
     assert command.command_line(e, 2048, 8123, False).split()[1:3] == ["-m", command.MODULE]
+    fcfs = entry_of(f"pairs:\n  smol:vllm:\n    from: {folder}\n    engine: vllm\n"
+                    "    vllm: {args: [--scheduling-policy, fcfs]}\n", folder.parent)
+    assert not command.by_priority(fcfs)  # the pair's own policy wins, and no priority is sent
+    assert command.serve_args(fcfs, 2048, 1, False).count("--scheduling-policy") == 1
 
 
 def test_drafts_become_speculative_config(folder: Path, tmp_path: Path) -> None:
@@ -135,6 +140,12 @@ def test_options_become_sampling_parameters() -> None:
     assert plain["repetition_penalty"] == 1.0  # repeat_last_n 0 switches Ollama's penalties off
     assert "seed" not in plain and "stop" not in plain and "logprobs" not in plain
     assert plain["structured_outputs"] == {"json_object": True}
+    # On a server that schedules by priority, what nobody watches waits behind streamed requests.
+    quiet = Generation([1], Effective(SamplingParams()), 5)
+    watched = Generation([1], Effective(SamplingParams()), 5, interactive=True)
+    assert request_body("m", quiet, [1], 5, by_priority=True)["priority"] == 1
+    assert "priority" not in request_body("m", watched, [1], 5, by_priority=True)
+    assert "priority" not in request_body("m", quiet, [1], 5)
 
 
 def test_counters_are_read_per_model() -> None:

@@ -111,7 +111,16 @@ def serve_args(entry: PairEntry, n_ctx: int, port: int, suffix: bool) -> list[st
     spec = speculative_config(entry, suffix)
     if spec is not None:
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    if by_priority(entry):
+        args += ["--scheduling-policy", "priority"]
     return args + list(s.args)
+
+
+def by_priority(entry: PairEntry) -> bool:
+    """Whether the server takes waiting requests by priority: the daemon's interactive-first order
+    (runtime.admission) as vLLM's own priority queue, where streamed requests go with priority 0 and
+    the others with 1 (`engine.request_body`). Not where the pair's `vllm.args` choose a policy."""
+    return "--scheduling-policy" not in settings(entry).args
 
 
 def command_line(entry: PairEntry, n_ctx: int, port: int, suffix: bool) -> str:

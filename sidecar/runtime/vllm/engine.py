@@ -52,6 +52,7 @@ class VllmModel:
     add_bos: bool
     speculative: dict[str, Any] | None  # what the managed server was started with; None: none or unknown
     server: ManagedServer | None = None  # None: a remote server
+    by_priority: bool = False  # it was started to take waiting requests by priority (command.by_priority)
     entries: dict[str, PairEntry] = field(default_factory=dict)
     busy: int = 0
     generated: int = 0  # tokens streamed by every request so far (shares the draft counters out)
@@ -144,7 +145,8 @@ class VllmEngine:
         server = ManagedServer(entry.name, argv, {"VLLM_HOST_IP": "127.0.0.1", **s.env}, url, s.start_timeout)
         await server.start()
         return VllmModel(VllmClient(url, command.served_name(entry)), str(entry.target.path), n_ctx, parallel,
-                         vocab, add_bos, command.speculative_config(entry, suffix), server)
+                         vocab, add_bos, command.speculative_config(entry, suffix), server,
+                         by_priority=command.by_priority(entry))
 
     async def add_pair(self, model: Model, entry: PairEntry) -> None:
         _own(model).entries[entry.name] = entry
@@ -215,7 +217,7 @@ class VllmEngine:
         tokens: list[int] = []
         usage: dict[str, Any] = {}
         done_reason = "cancel"
-        chunks = vm.client.complete(request_body(vm.client.model, gen, prompt, max_tokens))
+        chunks = vm.client.complete(request_body(vm.client.model, gen, prompt, max_tokens, vm.by_priority))
         try:
             async for chunk in chunks:
                 if chunk.get("usage"):
@@ -284,8 +286,10 @@ async def _share(vm: VllmModel, before: SpecCounters, own: int, everyone: int) -
                         {p: v * share for p, v in delta.per_pos.items()})
 
 
-def request_body(model: str, gen: Generation, prompt: list[int], max_tokens: int) -> dict[str, Any]:
-    """Ollama's options as vLLM's sampling parameters (the table in the README)."""
+def request_body(model: str, gen: Generation, prompt: list[int], max_tokens: int, by_priority: bool = False
+                 ) -> dict[str, Any]:
+    """Ollama's options as vLLM's sampling parameters (the table in the README); on a server that
+    schedules by priority, a request nobody watches (not streamed) waits behind streamed ones."""
     s = gen.options.sampling
     penalised = s.repeat_last_n != 0
     body: dict[str, Any] = {
@@ -298,6 +302,8 @@ def request_body(model: str, gen: Generation, prompt: list[int], max_tokens: int
         "frequency_penalty": s.frequency_penalty if penalised else 0.0,
         "skip_special_tokens": not gen.preserve,  # the output parser reads control tokens it asked for
     }
+    if by_priority and not gen.interactive:
+        body["priority"] = 1  # lower is earlier; a remote server may not run the priority policy
     if s.seed >= 0:
         body["seed"] = s.seed
     if gen.options.stop:
