@@ -383,6 +383,11 @@ def main() -> None:
                     # A cold prefill of a later turn's history takes minutes on a CPU, past Ollama's
                     # default keep_alive of 5 minutes: an unload would make the next turn cold too.
                     daemons[side] = Daemon(cfg, env={"OLLAMA_KEEP_ALIVE": "-1"})
+                # Each daemon loads its model (and measures its cost curve, the first time on this
+                # machine) on a short request of its own, so no side's first turn pays for that or
+                # runs beside another daemon doing it (a first turn ran at 0.53x without this).
+                for d in daemons.values():
+                    stream(d.url, [{"role": "user", "content": "Hello."}], 2, f"[{uuid.uuid4().hex}] Warm up.")
                 rows += [{"rep": rep, **r} for r in replay(daemons, rep, args.turns, args.cold_turns,
                                                            args.prefill_lines if args.prefill else 0)]
             finally:
