@@ -128,13 +128,19 @@ def match_support(match: int, cap: int) -> Support:
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix, by bisection over C-speed slice comparisons."""
+    """Length of the longest common prefix, by bisection over C-speed slice comparisons (slices of
+    two lists compare as they are: 25 us at 8k tokens, where converting both took 45)."""
     lo, hi = 0, min(len(a), len(b))
-    if list(a[:hi]) == list(b[:hi]):
+    same = type(a) is type(b) and isinstance(a, (list, tuple))  # not arrays: their == is elementwise
+
+    def equal(n: int) -> bool:
+        return a[:n] == b[:n] if same else list(a[:n]) == list(b[:n])
+
+    if equal(hi):
         return hi
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if list(a[:mid]) == list(b[:mid]):
+        if equal(mid):
             lo = mid
         else:
             hi = mid - 1
