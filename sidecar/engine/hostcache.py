@@ -71,8 +71,7 @@ class HostCache:
                 return
         if snap.data.size > self.budget:
             return
-        keep = [old for old in self.kept if old.tokens != snap.tokens[:len(old.tokens)]]
-        self.size += snap.data.size - sum(old.data.size for old in self.kept) + sum(old.data.size for old in keep)
-        self.kept = [*keep, snap]
+        self.kept = [*(old for old in self.kept if old.tokens != snap.tokens[:len(old.tokens)]), snap]
+        self.size = sum(s.data.size for s in self.kept)
         while self.size > self.budget:
             self.size -= self.kept.pop(0).data.size
