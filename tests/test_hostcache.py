@@ -37,9 +37,10 @@ def test_kept_within_budget_longest_match_and_extensions_replace() -> None:
 
 
 @pytest.mark.model
-def test_a_restored_stream_scores_as_a_prefill(weights: Weights) -> None:
+def test_a_restored_stream_scores_as_a_prefill(smollm2_engines: tuple[Weights, Context, Context]) -> None:
     """Saved from one stream, loaded into another that held something else: the next rows' logits
     are those of a fresh prefill, to the bit, whole or cut to a prefix."""
+    weights = smollm2_engines[0]
     prompt = weights.tokenize("The quick brown fox jumps over the lazy dog. " * 20, add_special=True,
                               parse_special=False)
     other = weights.tokenize("A title for a chat about the sea. " * 8, add_special=True, parse_special=False)
@@ -64,10 +65,12 @@ def test_a_restored_stream_scores_as_a_prefill(weights: Weights) -> None:
 
 
 @pytest.mark.model
-def test_titles_on_every_stream_leave_the_shared_head_in_host_memory(weights: Weights) -> None:
+def test_titles_on_every_stream_leave_the_shared_head_in_host_memory(
+        smollm2_engines: tuple[Weights, Context, Context]) -> None:
     """Open WebUI's shape with two streams: a chat, then two title requests that take both streams;
     the next chat with the same system prompt loads the head back instead of prefilling it, and
     says what the target alone says."""
+    weights = smollm2_engines[0]
     head = chat_prompt(weights, "You are a careful assistant. " * 40 + "Say hello.")
     titles = [chat_prompt(weights, f"A three-word title for chat {i}, please.") for i in range(2)]
     chat2 = Request(head[:-3] + chat_prompt(weights, "Other question?"), GREEDY, num_predict=12)
@@ -90,8 +93,3 @@ def test_titles_on_every_stream_leave_the_shared_head_in_host_memory(weights: We
                 assert cached < 16  # the head was gone from both streams
         finally:
             b.close()
-
-
-@pytest.fixture(scope="module")
-def weights(smollm2_engines: tuple[Weights, Context, Context]) -> Weights:
-    return smollm2_engines[0]
