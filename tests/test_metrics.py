@@ -158,8 +158,8 @@ async def test_models_config_upstream(aiohttp_client: Factory) -> None:
     assert s['sidecar_config_reloads_total{result="failure"}'] == 0
 
     # Two pairs riding on one target.
-    shared = FakeServed(busy=2, steps=10, rows=35, tokens=40, cached_tokens=900, host_cache_bytes=2**20, withdrawn=4, together=6,
-                        waiting_interactive=1, waiting_background=2)
+    shared = FakeServed(busy=2, steps=10, rows=35, tokens=40, cached_tokens=900, host_cache_bytes=2**20, withdrawn=4,
+                        together=6, waiting_interactive=1, waiting_background=2)
     rt.pending = 3  # the two running on it, and one waiting
     rt.loaded = [(FakeEntry("a:1"), shared), (FakeEntry("b:1"), shared), (FakeEntry("c:1"), FakeServed())]
     metrics.observe_model_load(app, "a:1", 2.0)
