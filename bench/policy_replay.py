@@ -9,7 +9,8 @@ drafter, the suffix cache, the evidence and the schedule, with a step of r rows 
 schedule believes apart from the true one (`--row`). A request's drafts are capped by its slow
 start (evidence.Belief.cap) as Sequence.menu caps them. Measured with it (bench/results/
 2026-12-07-fit.md; the session of 2026-12-07): priced at 0.05 against 0.42 true, the free-text
-turns run at 0.85-1.38x (0.67-0.78x before the slow start), priced right at 1.00-1.40x.
+turns run at 0.85-1.38x (0.67-0.78x before the slow start), priced right at 1.00-1.40x. The last
+column is the bound on these drafters at the true price: every round drafting exactly what holds.
 
 The prompt is the conversation's texts joined, not the pair's rendered template: the drafts look
 up the whole history (engine.hybrid), so the template's few tokens change little.
@@ -120,6 +121,26 @@ def replay(session: list[tuple[str, list[int], list[int]]], row: float, priced: 
     return ratios
 
 
+def bound(session: list[tuple[str, list[int], list[int]]], row: float) -> list[float]:
+    """Each turn's speed over plain decoding were every round to draft exactly what will hold: from
+    the source whose draft holds longest, all of it (never a rejected row). No policy on these
+    drafters and prices beats it; the gap to it is what the evidence and the schedule leave."""
+    cache, ratios = SuffixCache(), []
+    for _, prompt, out in session:
+        sources: list[Drafter] = [NgramDrafter(), SuffixDrafter(cache)]
+        drafter = HybridDrafter(sources)
+        drafter.begin(None, None)  # type: ignore[arg-type]
+        pos, seconds = 0, 0.0
+        while pos < len(out):
+            context, k = prompt + out[:pos], min(N_MAX, len(out) - pos - 1)
+            m = max(common_prefix(drafter.propose(i, context, k, None).tokens, out[pos : pos + k])
+                    for i in range(len(sources))) if k > 0 else 0
+            pos, seconds = pos + m + 1, seconds + 1.0 + row * m
+        drafter.finish(prompt, out, "stop")
+        ratios.append(len(out) / seconds)
+    return ratios
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("answers", type=Path, help="an agent_replay JSON (its first repetition's answers)")
@@ -133,13 +154,14 @@ def main() -> None:
     weights = Weights(resolve(ar.SMOLLM2_REF).path, vocab_only=True)
     session = list(turns(answers, lambda s: weights.tokenize(s, add_special=False, parse_special=False)))
     priced = args.priced or [args.row]
-    print("| turn | kind | tokens | " + " | ".join(f"priced {p} (median, min)" for p in priced) + " |")
-    print("|---|---|---|" + "---|" * len(priced))
+    print("| turn | kind | tokens | " + " | ".join(f"priced {p} (median, min)" for p in priced) + " | bound |")
+    print("|---|---|---|" + "---|" * len(priced) + "---|")
     results = {p: [replay(session, args.row, p, s) for s in range(args.seeds)] for p in priced}
+    best = bound(session, args.row)
     for t, (kind, _, out) in enumerate(session):
         cells = [f"{statistics.median(r[t] for r in runs):.2f}, {min(r[t] for r in runs):.2f}"
                  for runs in results.values()]
-        print(f"| {t + 1} | {kind} | {len(out)} | " + " | ".join(cells) + " |")
+        print(f"| {t + 1} | {kind} | {len(out)} | " + " | ".join(cells) + f" | {best[t]:.2f} |")
 
 
 if __name__ == "__main__":

@@ -75,15 +75,39 @@ def metric(d: Daemon, name: str) -> float:
 # -- the stable cut ------------------------------------------------------------------------------
 
 
+GRAIN = 8  # the largest power of two <= LIMIT // 16: where the newest tokens of a cut may start
+
+
 def test_stable_cut_keeps_the_system_head_and_the_newest_tokens() -> None:
     tokens = list(range(1000))
     got = stable_cut(Rendered("", tokens), 300, N_CTX, 5, tokens)
-    # As long as Ollama's cut; the head is the system part up to half of it; the rest the newest.
-    assert len(got.tokens) == LIMIT and got.dropped == 1000 - LIMIT
-    assert got.tokens == tokens[:LIMIT // 2] + tokens[1000 - (LIMIT - LIMIT // 2):]
-    # A short system part is kept whole; none at all is Ollama's cut (num_keep + BOS).
-    assert stable_cut(Rendered("", tokens), 20, N_CTX, 5, tokens).tokens[:21] == [*range(20), 1000 - (LIMIT - 20)]
-    assert stable_cut(Rendered("", tokens), 0, N_CTX, 5, tokens).tokens == tokens[:5] + tokens[1000 - LIMIT + 5:]
+    # The head is the system part up to half of Ollama's length; the newest tokens from the first
+    # multiple of the grain at or after where Ollama's length would start them.
+    def start(head: int) -> int:
+        ollama = 1000 - (LIMIT - head)
+        return ollama + -ollama % GRAIN
+
+    assert got.tokens == tokens[:LIMIT // 2] + tokens[start(LIMIT // 2):] and got.dropped == 1000 - len(got.tokens)
+    assert LIMIT - GRAIN < len(got.tokens) <= LIMIT
+    # A short system part is kept whole; none at all is Ollama's cut (num_keep + BOS), on the grain.
+    assert stable_cut(Rendered("", tokens), 20, N_CTX, 5, tokens).tokens[:21] == [*range(20), start(20)]
+    assert stable_cut(Rendered("", tokens), 0, N_CTX, 5, tokens).tokens == tokens[:5] + tokens[start(5):]
+
+
+def test_cuts_of_prompts_that_differ_at_their_end_keep_the_same_tokens_until_then() -> None:
+    """Two users of one app, or an agent's sub-tasks: the same system prompt and tools, different
+    last messages. Where Ollama's length starts their newest tokens a few tokens apart, the cuts
+    start them on one grain, so the second finds all but its own end in the cache. (Here Ollama's
+    length would start them at 946 and 951, and at 938 and 943; both pairs' cuts start at 952 and
+    944. Ends whose lengths straddle a multiple of the grain share the head alone.)"""
+    shared = list(range(1000))
+    for mine, theirs in ((list(range(2000, 2012)), list(range(3000, 3017))),
+                         (list(range(2000, 2004)), list(range(3000, 3009)))):
+        a, b = shared + mine, shared + theirs
+        cut_a = stable_cut(Rendered("", a), 300, N_CTX, 5, a).tokens
+        cut_b = stable_cut(Rendered("", b), 300, N_CTX, 5, b).tokens
+        assert cut_a[: len(cut_a) - len(mine)] == cut_b[: len(cut_b) - len(theirs)]
+        assert cut_a[-len(mine):] == mine and cut_b[-len(theirs):] == theirs
 
 
 def test_a_cut_prompt_is_cached_and_the_next_turn_reuses_its_head(daemon: Daemon) -> None:
@@ -93,11 +117,12 @@ def test_a_cut_prompt_is_cached_and_the_next_turn_reuses_its_head(daemon: Daemon
     cached = 'sidecar_prompt_cached_tokens_total{model="two:slots"}'
     before = metric(daemon, cached)
     first = chat(daemon, turn)
-    assert first["prompt_eval_count"] == LIMIT  # cut as long as Ollama cuts it, all of it evaluated
+    # Cut to Ollama's length, or up to a grain shorter (stable_cut), all of it evaluated.
+    assert LIMIT - GRAIN < first["prompt_eval_count"] <= LIMIT
     # The same request again: the same cut, in the prefix cache (the last token is always evaluated).
     again = chat(daemon, turn)
     assert again["prompt_eval_count"] == 1
-    assert metric(daemon, cached) - before == LIMIT - 1
+    assert metric(daemon, cached) - before == first["prompt_eval_count"] - 1
     # The next turn: the conversation grew, the head (half the cut: the system prompt's start) stays.
     follow = chat(daemon, [*turn, {"role": "assistant", "content": first["message"]["content"]},
                            {"role": "user", "content": "And in util.py?"}])
@@ -105,6 +130,12 @@ def test_a_cut_prompt_is_cached_and_the_next_turn_reuses_its_head(daemon: Daemon
     # A side request with the same system prompt (an agent's sub-task) reuses it too.
     side = chat(daemon, [system, {"role": "user", "content": "Summarise the session in five words."}])
     assert side["prompt_eval_count"] <= LIMIT - LIMIT // 2
+    # Another user's first turn, its question about as long as the others': their cuts start the
+    # newest tokens on one grain, so it evaluates its question and the template's 13 tokens after
+    # it (<|im_end|>, a newline, <|im_start|>, "assistant\n"), where the head alone left 66.
+    question = "What is in test.py?"
+    other = chat(daemon, [system, {"role": "user", "content": question}])
+    assert other["prompt_eval_count"] <= len(question) + 13
 
 
 # -- interactive first ---------------------------------------------------------------------------

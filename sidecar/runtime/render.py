@@ -9,11 +9,17 @@ When even the system messages and the last message do not fit (an app's 6,000-to
 a 4,096-token window), Ollama's runner cuts tokens: it keeps `num_keep` tokens at the start and the
 newest ones (llm/llama_server.go completionPromptForRequest). Its cut moves with every token the
 conversation grows by, so the next turn shares only those `num_keep` tokens with the last, and the
-prefix cache cannot help. `prepare` cuts to the same length, but keeps a head that does not move:
-the rendered system part (system messages and the tools the template writes with them), up to
-half of what the cut keeps; the newest tokens fill the rest. The same conversation then cuts the
+prefix cache cannot help. `prepare` cuts to about the same length, but keeps a head that does not
+move: the rendered system part (system messages and the tools the template writes with them), up
+to half of what the cut keeps; the newest tokens fill the rest. The same conversation then cuts the
 same way, and the next turn, or a parallel request with the same system prompt and tools, finds
 that head in the prefix cache.
+
+The newest tokens start at a multiple of a grain (`GRAIN` of the cut's length, a power of two), not
+at whatever token Ollama's length would start them: requests that share everything but their last
+message (Open WebUI's users, with one system prompt and 36 tools; an agent's parallel sub-tasks)
+then keep the same tokens up to that message, not only the head, and the second one evaluates its
+own question alone. The cut is up to a grain shorter than Ollama's for it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from sidecar.runtime.contract import Model, Prompt, Vocabulary
 from sidecar.runtime.format import PairFormat, TemplateSource
 from sidecar.templates.chat import ChatTemplate, GoChatTemplate, JinjaChatTemplate, TemplateError
 from sidecar.templates.parsers import ThinkingParser
+
+GRAIN = 16  # the newest tokens of a cut start at a multiple of the largest power of two <= 1/16 of its length
 
 
 class PromptError(ServerError):
@@ -199,11 +207,15 @@ def _fit(msgs: list[dict[str, Any]], render: Callable[[list[dict[str, Any]]], st
 
 
 def stable_cut(fitted: Rendered, system: int, n_ctx: int, n_keep: int, whole: list[int]) -> Rendered:
-    """`fitted` cut to the length Ollama's runner cuts it to (`prompt_limit`), keeping its first
-    `system` tokens (the rendered system part), at most half of that length and at least `n_keep`,
-    and the newest tokens after them (module docstring)."""
+    """`fitted` cut to at most the length Ollama's runner cuts it to (`prompt_limit`), keeping its
+    first `system` tokens (the rendered system part), at most half of that length and at least
+    `n_keep`, and the newest tokens after them from a multiple of the grain on (module docstring)."""
     tokens = fitted.tokens
     limit = prompt_limit(n_ctx, min(n_keep, n_ctx - 1))
     head = max(min(system, limit // 2), min(n_keep, limit))
-    cut = [*tokens[:head], *tokens[len(tokens) - (limit - head):]] if limit > head else tokens[:limit]
+    if limit <= head:
+        return Rendered(fitted.text, tokens[:limit], len(tokens) - limit, whole)
+    grain = 1 << (max(limit // GRAIN, 1).bit_length() - 1)
+    start = -(-(len(tokens) - (limit - head)) // grain) * grain  # Ollama's start, up to the grain
+    cut = [*tokens[:head], *tokens[start:]]
     return Rendered(fitted.text, cut, len(tokens) - len(cut), whole)
