@@ -19,24 +19,37 @@ def propose(context: Sequence[int], max_tokens: int = 8, min_n: int = 2, max_n: 
 
 
 def naive_lookup(context: Sequence[int], max_tokens: int, min_n: int, max_n: int) -> list[int]:
-    """Reference: longest trailing n-gram first, its latest earlier occurrence, what followed it."""
+    """Reference: longest trailing n-gram first, its latest earlier occurrence, what followed it,
+    copied on past the context's end from what the copy itself wrote (as LZ77 copies overlap)."""
     size = len(context)
     for n in range(min(max_n, size), min_n - 1, -1):
         tail = list(context[size - n :])
         for end in range(size - 1, n - 1, -1):
             if list(context[end - n : end]) == tail:
-                return list(context[end : end + max_tokens])
+                text = list(context)
+                for i in range(max_tokens):
+                    text.append(text[end + i])
+                return text[size:]
     return []
 
 
 def test_continues_an_earlier_occurrence() -> None:
     #          0  1  2  3  4  5  6  7  8
     context = [1, 2, 3, 4, 5, 6, 9, 2, 3]
-    assert propose(context) == [4, 5, 6, 9, 2, 3]
+    assert propose(context, max_tokens=6) == [4, 5, 6, 9, 2, 3]
+
+
+def test_a_continuation_that_reaches_the_end_repeats() -> None:
+    """The latest earlier occurrence of a loop's n-gram is one period back, so what followed it runs
+    into the context's end after a period; the draft goes on as the loop would, a period at a time.
+    (A model stuck in "record_record_record_..." drafted 2 tokens a round.)"""
+    loop = [5, 1, 6, 1, 6, 1, 6]
+    assert propose(loop, max_tokens=7) == [1, 6, 1, 6, 1, 6, 1]
+    assert propose([1, 2, 3, 4, 5, 6, 9, 2, 3]) == [4, 5, 6, 9, 2, 3, 4, 5]
 
 
 def test_proposal_has_no_probabilities_and_no_device_cost() -> None:
-    proposal = NgramDrafter().propose([1, 2, 3, 1, 2], 4)
+    proposal = NgramDrafter().propose([1, 2, 3, 1, 2], 3)
     assert proposal.tokens == [3, 1, 2]
     assert proposal.q is None
     assert NgramDrafter.has_cost is False
@@ -69,7 +82,7 @@ def test_no_match_proposes_nothing() -> None:
 def test_min_n_is_honoured() -> None:
     context = [1, 9, 2, 3, 9]  # only the 1-gram (9,) recurs
     assert propose(context, min_n=2) == []
-    assert propose(context, min_n=1) == [2, 3, 9]
+    assert propose(context, max_tokens=3, min_n=1) == [2, 3, 9]
 
 
 def test_max_n_is_honoured() -> None:

@@ -206,6 +206,13 @@ class NgramDrafter:
         if not match:
             return Proposal()
         tokens = list(context[start : start + max_tokens])
+        # A continuation that runs into the context's end is a repetition (the latest occurrence of
+        # a periodic text's n-gram is one period back): copy on from the draft itself, as LZ77's
+        # overlapping copies do, not stop a period in. A model stuck in a loop ("record_record_...")
+        # drafted 2 tokens a round.
+        period = len(context) - start
+        while len(tokens) < max_tokens:
+            tokens.append(tokens[len(tokens) - period])
         return Proposal(tokens, match_support(match, self.MATCH_CAP))
 
     def shift(self, context: Sequence[int], keep: int, discard: int) -> None:
