@@ -99,7 +99,7 @@ class Result:
     prompt_truncated: int = 0  # prompt tokens dropped to fit the window (prompt_tokens counts the rest)
     prompt_cached: int = 0  # prompt tokens whose KV was reused, not evaluated (prompt_tokens counts them too)
     shifts: int = 0  # context shifts during generation
-    withdrawn: int = 0  # drafts shared steps took back (engine.fair), for the request's log line
+    withdrawn: int = 0  # rounds the schedule stepped plain though a draft was ready, for the log line
     saved_seconds: float = 0.0  # what drafting saved against plain steps, by the cost model (Tally)
 
 

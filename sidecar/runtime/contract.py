@@ -125,7 +125,7 @@ class Outcome:
     drafter: str | None = None  # what drafted (for the request's log line)
     prompt_truncated: int = 0  # prompt tokens dropped to fit the window
     shifts: int = 0  # context shifts during generation
-    withdrawn: int = 0  # drafts shared steps took back, as another stream could not afford them
+    withdrawn: int = 0  # rounds the schedule stepped plain though a draft was ready (engine.schedule)
     # Decode seconds drafting saved against stepping plain, by the engine's cost model (negative:
     # lost; 0 where the engine cannot tell): eval_seconds + this is the target-only time.
     saved_seconds: float = 0.0
