@@ -15,11 +15,11 @@ to half of what the cut keeps; the newest tokens fill the rest. The same convers
 same way, and the next turn, or a parallel request with the same system prompt and tools, finds
 that head in the prefix cache.
 
-The newest tokens start at a multiple of a grain (`GRAIN` of the cut's length, a power of two), not
-at whatever token Ollama's length would start them: requests that share everything but their last
-message (Open WebUI's users, with one system prompt and 36 tools; an agent's parallel sub-tasks)
-then keep the same tokens up to that message, not only the head, and the second one evaluates its
-own question alone. The cut is up to a grain shorter than Ollama's for it.
+The newest tokens start at a multiple of a grain (a power of two, at most 1/16 of them: `GRAIN`),
+not at whatever token Ollama's length would start them: requests that share everything but their
+last message (Open WebUI's users, with one system prompt and 36 tools; an agent's parallel
+sub-tasks) then keep the same tokens up to that message, not only the head, and the second one
+evaluates its own question alone. The cut is up to a grain shorter than Ollama's for it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from sidecar.runtime.format import PairFormat, TemplateSource
 from sidecar.templates.chat import ChatTemplate, GoChatTemplate, JinjaChatTemplate, TemplateError
 from sidecar.templates.parsers import ThinkingParser
 
-GRAIN = 16  # the newest tokens of a cut start at a multiple of the largest power of two <= 1/16 of its length
+GRAIN = 16  # a cut's newest tokens start on the largest power of two <= 1/16 of their count
 
 
 class PromptError(ServerError):
@@ -215,7 +215,7 @@ def stable_cut(fitted: Rendered, system: int, n_ctx: int, n_keep: int, whole: li
     head = max(min(system, limit // 2), min(n_keep, limit))
     if limit <= head:
         return Rendered(fitted.text, tokens[:limit], len(tokens) - limit, whole)
-    grain = 1 << (max(limit // GRAIN, 1).bit_length() - 1)
+    grain = 1 << (max((limit - head) // GRAIN, 1).bit_length() - 1)  # never a whole message's worth
     start = -(-(len(tokens) - (limit - head)) // grain) * grain  # Ollama's start, up to the grain
     cut = [*tokens[:head], *tokens[start:]]
     return Rendered(fitted.text, cut, len(tokens) - len(cut), whole)
