@@ -394,3 +394,24 @@ def test_model_drafts_with_menus_of_different_lengths() -> None:
     long = Menu(1, [Option(0, copy(0.9, 8), model=True, lag=10, future=50)], room=8)
     plan = schedule([short, long], model, HostPrice(), 0, SLACK, 1.0, 16)
     assert all(c.k <= (3 if sid == 0 else 8) for sid, c in plan.choices.items())
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_one_streams_early_exit_never_changes_its_plan(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """schedule's `_may_pay` ends a lone stream's step before the matrices where no draft can pay
+    its rows at the plain rate; the full search must then find none either (random acceptances,
+    prices, host costs and catch-ups, free and model sources)."""
+    from sidecar.engine import schedule as sched
+
+    rng = np.random.default_rng(seed)
+    curve = list(np.cumsum([1.0, *rng.uniform(0.0, 0.9, 8)]))
+    model = cost(curve, t_draft=float(rng.uniform(0, 0.5)), t_catchup=float(rng.uniform(0, 0.2)))
+    host = HostPrice(*(float(x) for x in rng.uniform(0, 0.05, 5)))
+    options = tuple(Option(i, copy(float(rng.uniform(0, 1)) ** 3, 8), model=bool(rng.integers(2)),
+                           lag=int(rng.integers(0, 30)), future=float(rng.uniform(1, 100)))
+                    for i in range(int(rng.integers(1, 3))))
+    menu = [Menu(0, options, 8)]
+    need = float(rng.uniform(1.0, 1.2))
+    fast = schedule(menu, model, host, 0, SLACK, need, 8)
+    monkeypatch.setattr(sched, "_may_pay", lambda *a: True)
+    assert schedule(menu, model, host, 0, SLACK, need, 8).choices == fast.choices

@@ -102,6 +102,9 @@ def schedule(menus: list[Menu], cost: CostModel, host: HostPrice, cells: int, sl
     if not rows or plain <= 0:
         return out
     tops = [min(m.room, len(o.expected) - 1) for _, m, o in rows]
+    if n == 1 and not any(_may_pay(o.expected[: t + 1], plain, row + d0 * o.model)
+                          for (_, _, o), t in zip(rows, tops, strict=True)):
+        return out
     k_max = max(tops)
     ks = np.arange(k_max + 1)
     # Tokens beyond a plain row's one; -inf at k = 0 (no upgrade) and past an option's end.
@@ -246,3 +249,15 @@ def schedule(menus: list[Menu], cost: CostModel, host: HostPrice, cells: int, sl
         out.choices = {rows[r][1].sid: Choice(rows[r][2].source, k, 1.0 + float(gain[r, k])) for r, k in sel.items()}
         out.seconds, out.tokens = seconds, tokens
     return out
+
+
+def _may_pay(expected: np.ndarray, plain: float, per_token: float) -> bool:
+    """Whether one stream's draft may beat its plain step at some length k: a step drafting k costs
+    at least the plain step and k rows (and, from a model, k draft steps) at `per_token` each, all
+    else it adds (host, catch-up, a changed layout) being no less than 0, and a draft is taken only
+    where the step's rate reaches the plain one (`need` >= 1). So the k tokens it adds beyond one
+    must at least pay for k rows at the plain rate. A pair whose drafts do not pay (SmolLM2
+    drafted by its own first 8 layers: acceptance near 0) stops its steps' schedule here, before
+    the matrices: ~0.1 ms a step on this CPU, where a step costs ~8 ms."""
+    k = np.arange(1, len(expected))
+    return bool(((expected[1:] - 1.0) * plain >= k * per_token).any())
