@@ -123,6 +123,15 @@ def test_a_cut_prompt_is_cached_and_the_next_turn_reuses_its_head(daemon: Daemon
     again = chat(daemon, turn)
     assert again["prompt_eval_count"] == 1
     assert metric(daemon, cached) - before == first["prompt_eval_count"] - 1
+    # Another user's first turn, a question of another length whose cut starts the newest tokens
+    # on the same grain (stable_cut): it evaluates only where it differs, "x...x.py?" and the
+    # template's 13 tokens after it (<|im_end|>, a newline, <|im_start|>, "assistant\n"). The cut
+    # of `first` started its newest tokens `late` tokens after Ollama's length would have, so a
+    # question up to `late` tokens longer starts them there too (or, at 0, one token shorter).
+    late = LIMIT - first["prompt_eval_count"]
+    name = "x" * (len("main") + (late or -1))
+    other = chat(daemon, [system, {"role": "user", "content": f"What is in {name}.py?"}])
+    assert other["prompt_eval_count"] <= len(f"{name}.py?") + 13 < LIMIT - LIMIT // 2
     # The next turn: the conversation grew, the head (half the cut: the system prompt's start) stays.
     follow = chat(daemon, [*turn, {"role": "assistant", "content": first["message"]["content"]},
                            {"role": "user", "content": "And in util.py?"}])
@@ -130,12 +139,6 @@ def test_a_cut_prompt_is_cached_and_the_next_turn_reuses_its_head(daemon: Daemon
     # A side request with the same system prompt (an agent's sub-task) reuses it too.
     side = chat(daemon, [system, {"role": "user", "content": "Summarise the session in five words."}])
     assert side["prompt_eval_count"] <= LIMIT - LIMIT // 2
-    # Another user's first turn, its question about as long as the others': their cuts start the
-    # newest tokens on one grain, so it evaluates its question and the template's 13 tokens after
-    # it (<|im_end|>, a newline, <|im_start|>, "assistant\n"), where the head alone left 66.
-    question = "What is in test.py?"
-    other = chat(daemon, [system, {"role": "user", "content": question}])
-    assert other["prompt_eval_count"] <= len(question) + 13
 
 
 # -- interactive first ---------------------------------------------------------------------------
